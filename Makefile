@@ -1,0 +1,28 @@
+# The two commands of the README, and a few more. Each one sets up .venv first.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+READY  := $(VENV)/.ready
+
+.PHONY: test demo bench docs clean
+
+# torch is pinned for development (a CPU wheel this machine serves from disk);
+# the package itself accepts a range.
+$(READY): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e '.[all,dev]'
+	touch $(READY)
+
+test: $(READY)
+	$(BIN)/python -m pytest -q
+
+demo: $(READY)
+	$(BIN)/python examples/first.py
+
+bench: $(READY)
+	for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis demo-store demo-report.html

@@ -1,0 +1,186 @@
+"""The expression: nodes joined by ``>>`` and ``|``, with modifiers on any part.
+
+An expression is a small immutable tree (one node, a chain, things side by side, or a
+part with modifiers over it); ``Graph.somatize`` flattens it in one pass. Modifiers
+given on a composite reach every node inside, and where two say different things
+(``.on``, ``.at``, a salt) the one written closest to the node wins, so
+``(A().on("cuda:0") >> B()).on("cuda:1")`` leaves A on 0 and B on 1.
+
+Ids are the class name in snake_case, ``_2``/``_3`` for repeats in expression order,
+or whatever ``.named`` said; a default never takes a name somebody chose.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Union
+
+from ._errors import DeclarationError
+from ._node import Node
+
+__all__ = ["Declared", "Piece", "Topology", "as_piece", "snake_case"]
+
+# The modifiers a part can carry. "cached" maps to its salt; presence is what counts.
+DEVICE, HOST, CACHED, FROZEN, MAPPED = "device", "host", "cached", "frozen", "mapped"
+
+
+class Piece:
+    """Part of an expression: what ``>>``, ``|`` and the modifiers build."""
+
+    __slots__ = ("_kind", "_parts", "_mods", "_node", "_id")
+
+    def __init__(self, kind: str, parts: tuple = (), mods: dict | None = None,
+                 node: Any = None, node_id: str | None = None):
+        self._kind = kind  # "one", "chain", "side", "over"
+        self._parts = parts
+        self._mods = mods or {}
+        self._node = node
+        self._id = node_id
+
+    # -- combining ---------------------------------------------------------------
+    def __rshift__(self, other: Any) -> Piece:
+        other = as_piece(other)
+        left = self._parts if self._kind == "chain" else (self,)
+        right = other._parts if other._kind == "chain" else (other,)
+        return Piece("chain", left + right)
+
+    def __rrshift__(self, other: Any) -> Piece:
+        return as_piece(other) >> self
+
+    def __or__(self, other: Any) -> Piece:
+        other = as_piece(other)
+        left = self._parts if self._kind == "side" else (self,)
+        right = other._parts if other._kind == "side" else (other,)
+        return Piece("side", left + right)
+
+    def __ror__(self, other: Any) -> Piece:
+        return as_piece(other) | self
+
+    # -- modifiers -----------------------------------------------------------------
+    def _with(self, key: str, value: Any) -> Piece:
+        if self._kind == "one":
+            if key in self._mods:  # already said closer to the node: it wins
+                return self
+            return Piece("one", mods={**self._mods, key: value}, node=self._node, node_id=self._id)
+        return Piece("over", (self,), {key: value})
+
+    def on(self, device: str) -> Piece:
+        """Places every node inside on ``device`` unless one was placed already."""
+        if not isinstance(device, str):
+            raise DeclarationError(f".on() takes a device name such as 'cuda:0', not {device!r}")
+        return self._with(DEVICE, device)
+
+    def at(self, host: str) -> Piece:
+        """Sends every node inside to ``host`` unless one was sent somewhere already."""
+        if not isinstance(host, str):
+            raise DeclarationError(f".at() takes a host name such as 'w1', not {host!r}")
+        return self._with(HOST, host)
+
+    def cached(self, salt: str | None = None) -> Piece:
+        """Keeps what every node inside produces, under ``salt`` where none was said."""
+        if salt is not None and not isinstance(salt, str):
+            raise DeclarationError(f".cached() takes a str salt or None, not {salt!r}")
+        return self._with(CACHED, salt)
+
+    def frozen(self) -> Piece:
+        """Declares every node inside settled."""
+        return self._with(FROZEN, True)
+
+    def mapped(self) -> Piece:
+        """Makes every node inside map over the items of its input."""
+        return self._with(MAPPED, True)
+
+    def named(self, node_id: str) -> Declared:
+        """The same single node under ``node_id``; a composite has no one name."""
+        if self._kind != "one":
+            raise DeclarationError(
+                f".named({node_id!r}) was given to a composite of {len(self.flatten()[0])} nodes; "
+                "name each node inside it instead, e.g. (A().named('a') >> B().named('b'))"
+            )
+        if not isinstance(node_id, str) or not node_id:
+            raise DeclarationError(f".named() takes a non-empty str id, not {node_id!r}")
+        return Declared("one", mods=dict(self._mods), node=self._node, node_id=node_id)
+
+    # -- materializing ----------------------------------------------------------
+    def flatten(self) -> tuple[list[tuple[Any, str | None, dict]], list[tuple[int, int]]]:
+        """Every node as ``(object, id or None, modifiers)`` in expression order, and the
+        edges between them by position."""
+        entries: list[tuple[Any, str | None, dict]] = []
+        edges: list[tuple[int, int]] = []
+        _flatten(self, {}, entries, edges)
+        return entries, edges
+
+    def __repr__(self) -> str:
+        if self._kind == "one":
+            name = self._id or snake_case(type(self._node).__name__)
+            mods = "".join(f".{k}({v!r})" for k, v in self._mods.items())
+            return f"{name}{mods}"
+        if self._kind == "over":
+            mods = "".join(f".{k}({v!r})" for k, v in self._mods.items())
+            return f"({self._parts[0]!r}){mods}"
+        joint = " >> " if self._kind == "chain" else " | "
+        return "(" + joint.join(repr(part) for part in self._parts) + ")"
+
+
+class Declared(Piece):
+    """A single node with the id somebody chose."""
+
+    __slots__ = ()
+
+
+Topology = Union[Piece, Node]
+
+
+def as_piece(thing: Any) -> Piece:
+    """A node or a piece as a piece; anything else is refused, saying what was found."""
+    if isinstance(thing, Piece):
+        return thing
+    forward = getattr(thing, "forward", None)
+    if forward is not None and callable(forward) and not isinstance(thing, type):
+        return Piece("one", node=thing)
+    if isinstance(thing, type) and issubclass(thing, Node):
+        raise DeclarationError(
+            f"the class {thing.__qualname__} was used where a node goes; instantiate it: "
+            f"{thing.__qualname__}()"
+        )
+    raise DeclarationError(
+        f"a {type(thing).__qualname__} cannot be part of a graph: a node is an object with "
+        "forward(input, ctx) — subclass somatize.Node"
+    )
+
+
+def _flatten(piece: Piece, outer: dict, entries: list, edges: list) -> tuple[list[int], list[int]]:
+    """Appends the piece's nodes and edges; returns its roots and leaves by position."""
+    mods = {**outer, **piece._mods} if piece._mods else outer
+    kind = piece._kind
+    if kind == "one":
+        entries.append((piece._node, piece._id, mods))
+        at = len(entries) - 1
+        return [at], [at]
+    if kind == "over":
+        return _flatten(piece._parts[0], mods, entries, edges)
+    if kind == "side":
+        roots, leaves = [], []
+        for part in piece._parts:
+            r, l = _flatten(part, mods, entries, edges)
+            roots += r
+            leaves += l
+        return roots, leaves
+    roots: list[int] = []
+    leaves: list[int] = []
+    for position, part in enumerate(piece._parts):
+        r, l = _flatten(part, mods, entries, edges)
+        if position == 0:
+            roots = r
+        else:
+            edges.extend((a, b) for a in leaves for b in r)
+        leaves = l
+    return roots, leaves
+
+
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
+
+
+def snake_case(name: str) -> str:
+    """``MyHead`` → ``my_head``, ``HTTPFetch`` → ``http_fetch``."""
+    return _CAMEL.sub("_", name).lower()

@@ -1,0 +1,160 @@
+"""Every error somatize raises, under one base.
+
+Each one is also the built-in a caller would reach for first, so ``except
+ValueError`` keeps working for code that has never heard of somatize::
+
+    SomaError
+    ├── DeclarationError        ValueError   the graph as written cannot be built
+    │   ├── CycleError                       an edge would close a cycle (the path is named)
+    │   └── MissingForward      TypeError    a Node subclass without forward
+    ├── EdgeError               TypeError    a value on an edge is neither data nor Opaque
+    ├── NodeError               ValueError   a node raised; names the node (and host)
+    ├── CacheError              ValueError   a cache over something that can still change,
+    │                                        or over something that cannot be written down
+    ├── UnwritableError         TypeError    a value has no codec and had to be written
+    ├── StoreError              OSError      a store could not do what was asked
+    │   ├── CorruptObject       ValueError   bytes that do not match their digest
+    │   └── BadName             ValueError   a name or digest that is not well formed
+    ├── RecordError             ValueError   a run, forward or record that cannot be read
+    ├── WireError               ConnectionError   a worker could not be reached or answered badly
+    │   ├── Silent              TimeoutError      a connection quiet past its heartbeat
+    │   ├── Unauthorised        PermissionError   the token did not match
+    │   └── ProtocolError                         a frame that is not one
+    ├── Lost                    LookupError  an output that stayed on the worker that made it
+    ├── NoGradient              RuntimeError something the optimizer holds got no gradient
+    └── OutOfStep               RuntimeError a gradient for an activation that is gone
+
+Foreign exceptions are translated at one boundary each (the walk, the store, the
+wire); nothing else catches broadly.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BadName",
+    "CacheError",
+    "CorruptObject",
+    "CycleError",
+    "DeclarationError",
+    "EdgeError",
+    "Lost",
+    "MissingForward",
+    "NoGradient",
+    "NodeError",
+    "OutOfStep",
+    "ProtocolError",
+    "RecordError",
+    "Silent",
+    "SomaError",
+    "StoreError",
+    "Unauthorised",
+    "UnwritableError",
+    "WireError",
+]
+
+
+class SomaError(Exception):
+    """The base of everything somatize raises on purpose."""
+
+
+class DeclarationError(SomaError, ValueError):
+    """The graph, as written, cannot be built: unknown ids, duplicates, bad names."""
+
+
+class CycleError(DeclarationError):
+    """An edge would close a cycle. ``path`` is the cycle, first node repeated last."""
+
+    def __init__(self, message: str, path: list[str]):
+        super().__init__(message)
+        self.path = path
+
+
+class MissingForward(DeclarationError, TypeError):
+    """A Node subclass that does not say what it computes."""
+
+
+class EdgeError(SomaError, TypeError):
+    """A value on an edge that is neither data nor an ``Opaque``."""
+
+
+class NodeError(SomaError, ValueError):
+    """A node raised while running.
+
+    ``node`` is its id, ``host`` where it ran (None for here), ``kind`` the name of
+    the exception's type. Here the original is the ``__cause__``; from a worker only
+    its text crosses.
+    """
+
+    def __init__(self, message: str, *, node: str, host: str | None = None, kind: str = ""):
+        super().__init__(message)
+        self.node = node
+        self.host = host
+        self.kind = kind
+
+
+class CacheError(SomaError, ValueError):
+    """A ``.cached()`` node that cannot be kept honestly."""
+
+
+class UnwritableError(SomaError, TypeError):
+    """A value had to be written down and nobody said how (no codec for its type)."""
+
+
+class StoreError(SomaError, OSError):
+    """A store could not do what it was asked."""
+
+
+class CorruptObject(StoreError, ValueError):
+    """Bytes whose digest is not the one they are stored under."""
+
+
+class BadName(StoreError, ValueError):
+    """A name or digest that is not well formed."""
+
+
+class RecordError(SomaError, ValueError):
+    """A run, a forward or a record that cannot be read as asked."""
+
+
+class WireError(SomaError, ConnectionError):
+    """A worker could not be reached, died, or answered with something else."""
+
+    def __init__(self, message: str, *, host: str | None = None):
+        super().__init__(message)
+        self.host = host
+
+
+class Silent(WireError, TimeoutError):
+    """A connection that said nothing, not even a heartbeat, for too long."""
+
+
+class Unauthorised(WireError, PermissionError):
+    """The other end does not share our token."""
+
+
+class ProtocolError(WireError):
+    """Something arrived that is not a frame of ours."""
+
+
+class Lost(SomaError, LookupError):
+    """An output that could not travel and stayed where it was made."""
+
+    def __init__(self, message: str, *, node: str, host: str):
+        super().__init__(message)
+        self.node = node
+        self.host = host
+
+
+class NoGradient(SomaError, RuntimeError):
+    """Something the optimizer holds never got a gradient."""
+
+
+class OutOfStep(SomaError, RuntimeError):
+    """A gradient arrived for an activation that is not there any more."""
+
+
+def walk_error(exc: SomaError) -> SomaError:
+    """Marks an error the walk raised itself (already naming the node), so the walk
+    does not wrap it again as that node's failure."""
+    exc._soma_walk = True  # type: ignore[attr-defined]
+    return exc

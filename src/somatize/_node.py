@@ -1,0 +1,133 @@
+"""What a graph is made of: Node, what it is told (Ctx), and the two wrappers.
+
+A node's ``__init__`` belongs to whoever wrote the subclass, and the examples never
+call ``super().__init__()``; so nothing here may depend on it having run. What a node
+was built with is caught in ``__new__`` instead, which every construction passes
+through — pickle included, whose state then overwrites it with the original.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._errors import MissingForward
+
+__all__ = ["Ctx", "Done", "Node", "Opaque"]
+
+MADE_WITH = "_soma_made_with"
+
+
+class Node:
+    """What a graph node executes: subclass it and write ``forward(input, ctx)``.
+
+    A subclass without ``forward`` cannot be instantiated. The DSL methods
+    (``>>``, ``|``, ``.named``, ``.on``, ``.at``, ``.cached``, ``.frozen``,
+    ``.mapped``) make an expression that ``Graph.somatize`` materializes.
+    """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Node:
+        if cls.forward is Node.forward:
+            raise MissingForward(
+                f"{cls.__qualname__} does not define forward(self, input, ctx), so it "
+                "cannot be a node; write the method that says what it computes"
+            )
+        self = super().__new__(cls)
+        try:
+            self.__dict__[MADE_WITH] = (args, kwargs)
+        except AttributeError:  # __slots__ without __dict__: nothing to note it in
+            pass
+        return self
+
+    def forward(self, input: Any, ctx: Ctx) -> Any:
+        """Takes what arrived along the edges and returns what it produced.
+
+        ``ctx.device`` is where this node was placed (``"cuda:0"``) or None.
+        """
+        raise NotImplementedError
+
+    forward.__isabstractmethod__ = True  # type: ignore[attr-defined]
+
+    # The expression. Each returns a new piece; the node itself is never changed.
+    def __rshift__(self, other: Any) -> Any:
+        return _dsl().as_piece(self) >> other
+
+    def __rrshift__(self, other: Any) -> Any:
+        return _dsl().as_piece(other) >> self
+
+    def __or__(self, other: Any) -> Any:
+        return _dsl().as_piece(self) | other
+
+    def __ror__(self, other: Any) -> Any:
+        return _dsl().as_piece(other) | self
+
+    def named(self, node_id: str) -> Any:
+        """The same node, under the id you say."""
+        return _dsl().as_piece(self).named(node_id)
+
+    def on(self, device: str) -> Any:
+        """The same piece, placed on a device; the innermost ``.on`` wins."""
+        return _dsl().as_piece(self).on(device)
+
+    def at(self, host: str) -> Any:
+        """The same piece, sent to a host by name; the innermost ``.at`` wins."""
+        return _dsl().as_piece(self).at(host)
+
+    def cached(self, salt: str | None = None) -> Any:
+        """The same piece, worth keeping: looked up before it runs, kept after."""
+        return _dsl().as_piece(self).cached(salt)
+
+    def frozen(self) -> Any:
+        """The same piece, declared settled: its state does not change while it runs."""
+        return _dsl().as_piece(self).frozen()
+
+    def mapped(self) -> Any:
+        """The same piece, mapping over the items of a list: one answer per item."""
+        return _dsl().as_piece(self).mapped()
+
+
+def _dsl() -> Any:
+    from . import _dsl as module
+
+    return module
+
+
+def made_with(node: Any) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+    """What a Node was constructed with, or None for an object that is not one."""
+    return getattr(node, "__dict__", {}).get(MADE_WITH)
+
+
+class Ctx:
+    """What a node knows beyond its input: ``device`` (torch-style, or None) and its id."""
+
+    __slots__ = ("device", "node")
+
+    def __init__(self, device: str | None = None, node: str | None = None):
+        self.device = device
+        self.node = node
+
+    def __repr__(self) -> str:
+        return f"Ctx(device={self.device!r}, node={self.node!r})"
+
+
+class Opaque:
+    """A value that crosses the graph untouched: the node below receives it unwrapped."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def __repr__(self) -> str:
+        return f"Opaque({type(self.value).__qualname__})"
+
+
+class Done:
+    """A finished answer; the walk unwraps it exactly like a plain return."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def __repr__(self) -> str:
+        return f"Done({self.value!r})"

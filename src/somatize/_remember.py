@@ -1,0 +1,342 @@
+"""What a walk remembers: keys for one forward, lookups before, keeping after.
+
+Before the first node runs, every key that can be known is known: the input is
+hashed once, each node's key is the digest of its prefix (identity, declaration,
+salt, frozen state) and its inputs' keys, and each ``.cached()`` node is looked up.
+From the hits follows what does not have to run at all (``unneeded``): a node whose
+every reader was recalled or is itself unneeded. The refusals happen here too, so a
+cache that could lie is refused before anything runs rather than noticed later.
+
+A ``.mapped()`` node is remembered item by item: each item's key comes from the
+item's content (the one place an intermediate is hashed), the node is handed only
+the items that are missing, and its output's key is the digest of the items' keys,
+so what is below it can still be kept.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+from ._codec import dumps, loads
+from ._errors import CacheError, StoreError, UnwritableError, walk_error
+from ._keys import Unwritable, digest_of, node_key, node_prefix
+
+__all__ = ["Memory", "foreseen", "open_store", "name_of"]
+
+_MAPPED = b"mapped"
+
+
+def open_store(store: Any) -> Any:
+    """A Store, from a Store or a directory."""
+    from .store import Store
+
+    if isinstance(store, Store):
+        return store
+    if isinstance(store, (str, bytes)) or hasattr(store, "__fspath__"):
+        return Store(store)
+    raise TypeError(f"store= takes a Store or a directory, not a {type(store).__qualname__}")
+
+
+def name_of(key: bytes) -> str:
+    """The store name a key is kept under."""
+    return "key/" + key.hex()
+
+
+class Static:
+    """What remembering needs that only changes with the graph."""
+
+    def __init__(self, prog: Any):
+        graph = prog.graph
+        ids = prog.ids
+        self.prefix = [node_prefix(_identity(graph, n), graph._declarations.get(n),
+                                   graph._cached.get(n), graph._frozen.get(n)) for n in ids]
+        self.refusal = _refusal(graph, prog)
+
+
+def _identity(graph: Any, node_id: str) -> str:
+    cls = type(graph._impl[node_id])
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _refusal(graph: Any, prog: Any) -> str | None:
+    """Why keeping these nodes could lie, or None: something above a cached node (or the
+    node itself) can still change, or a cached node's declaration cannot be written."""
+    cached = [n for n in prog.ids if n in graph._cached]
+    for n in cached:
+        if n in graph._unwritable:
+            return (f"node {n!r} is .cached() but it was built with a "
+                    f"{graph._unwritable[n].__qualname__}, which cannot be written down, so two "
+                    "different constructions would share one key; build it from data, or say "
+                    f"what it is with graph.declared_as({n!r}, ...)")
+    changing = [n for n in prog.ids if n not in graph._frozen and _has_parameters(graph._impl[n])]
+    if not changing or not cached:
+        return None
+    for n in cached:
+        for above in _at_or_above(graph, n):
+            if above in changing:
+                return (f"node {n!r} is .cached() but {above!r} "
+                        f"{'is itself' if above == n else 'is above it and'} has parameters "
+                        "and is not frozen, so what was kept could stop being what it would "
+                        f"produce; declare {above!r} .frozen() (and settle it with "
+                        "somatize.torch.freeze), or drop .cached()")
+    return None
+
+
+def _has_parameters(impl: Any) -> bool:
+    parameters = getattr(impl, "parameters", None)
+    if not callable(parameters):
+        return False
+    try:
+        return any(True for _ in parameters())
+    except TypeError:
+        return False
+
+
+def _at_or_above(graph: Any, node_id: str) -> list[str]:
+    seen, stack = [node_id], [node_id]
+    while stack:
+        for p in graph._preds[stack.pop()]:
+            if p not in seen:
+                seen.append(p)
+                stack.append(p)
+    return seen
+
+
+def _input_key(value: Any) -> tuple[bytes | None, type | None]:
+    try:
+        return digest_of(value), None
+    except Unwritable as exc:
+        return None, exc.what
+
+
+def _keys(prog: Any, route: Any, static: Static, root: bytes | None,
+          keys: list[bytes | None]) -> None:
+    """Fills in every key that can be known before anything runs."""
+    for i in route.order:
+        if prog.mapped[i]:
+            continue
+        kind, source = prog.gathers[i]
+        if kind == 0:
+            inputs = [root]
+        elif kind == 1:
+            inputs = [keys[source]]
+        else:
+            inputs = [keys[at] for _, at in source]
+        if all(k is not None for k in inputs):
+            keys[i] = node_key(static.prefix[i], inputs)
+
+
+class Memory:
+    """The remembering half of one forward."""
+
+    def __init__(self, prog: Any, store: Any, static: Static, keys: list, hits: dict,
+                 demand: list[bool], emit: Any, input_type: type | None):
+        self.prog, self.store, self.static = prog, store, static
+        self.keys, self.hits, self.demand, self.emit = keys, hits, demand, emit
+        self.input_type = input_type
+        self.special = [prog.cached[i] or prog.mapped[i] or not demand[i] or i in hits
+                        for i in range(len(prog.ids))]
+        self.began = time.perf_counter_ns()
+
+    @classmethod
+    def start(cls, prog: Any, route: Any, input: Any, store: Any, wanted: list[int],
+              emit: Any) -> Memory:
+        store = open_store(store)
+        static = prog.memory
+        if static is None:
+            static = prog.memory = Static(prog)
+        if static.refusal is not None:
+            raise CacheError(static.refusal)
+        root, input_type = _input_key(input)
+        if input_type is not None:
+            needing = [prog.ids[i] for i in route.order if prog.cached[i]]
+            if needing:
+                raise UnwritableError(
+                    f"node {needing[0]!r} is .cached(), so it needs a key, but the input is a "
+                    f"{input_type.__module__}.{input_type.__qualname__}, which cannot be written "
+                    "down; register a codec for it with somatize.codec(kind, type, dump=, "
+                    "load=), or run without store="
+                )
+        keys: list[bytes | None] = [None] * len(prog.ids)
+        _keys(prog, route, static, root, keys)
+        hits = {}
+        for i in route.order:
+            if prog.cached[i] and not prog.mapped[i] and keys[i] is not None:
+                bound = store.resolve(name_of(keys[i]))
+                if bound is not None:
+                    hits[i] = bound
+        demand = _demand(prog, route, wanted, hits)
+        return cls(prog, store, static, keys, hits, demand, emit, input_type)
+
+    def run(self, i: int, vals: list[Any], value: Any) -> Any:
+        from ._engine import _gather, run_mapped, settle
+
+        prog, emit = self.prog, self.emit
+        node = prog.ids[i]
+        if not self.demand[i]:
+            if emit is not None:
+                emit({"fact": "unneeded", "node": node})
+            return None
+        key = self.keys[i]
+        if key is None and prog.cached[i] and not prog.mapped[i]:
+            key = self.keys[i] = self._late_key(i)
+            if key is not None:
+                bound = self.store.resolve(name_of(key))
+                if bound is not None:
+                    self.hits[i] = bound
+        if i in self.hits:
+            return self._recall(i, self.hits[i])
+        x = _gather(prog, i, vals, value)
+        if prog.mapped[i]:
+            if prog.cached[i]:
+                return self._mapped(i, x)
+            return run_mapped(prog, i, x, emit, self.began)
+        start = time.perf_counter_ns()
+        out = settle(prog.forwards[i](x, prog.ctxs[i]), node)
+        if emit is not None:
+            emit({"fact": "ran", "node": node, "began_us": (start - self.began) // 1000,
+                  "took_us": (time.perf_counter_ns() - start) // 1000})
+        if prog.cached[i]:
+            self._keep(i, key, out)
+        return out
+
+    def _late_key(self, i: int) -> bytes | None:
+        """The key of a node below a mapped one, known only once that one ran."""
+        prog = self.prog
+        kind, source = prog.gathers[i]
+        if kind == 0:
+            return None
+        inputs = [self.keys[source]] if kind == 1 else [self.keys[at] for _, at in source]
+        if any(k is None for k in inputs):
+            if self.input_type is not None:
+                raise walk_error(UnwritableError(
+                    f"node {prog.ids[i]!r} is .cached() but the input is a "
+                    f"{self.input_type.__qualname__}, which cannot be written down, so "
+                    "nothing under it has a key; register a codec for it with "
+                    "somatize.codec(...), or drop .cached()"
+                ))
+            return None
+        return node_key(self.static.prefix[i], inputs)
+
+    def _recall(self, i: int, bound: Any) -> Any:
+        node = self.prog.ids[i]
+        blob = self.store.get(bound.digest)
+        if blob is None:
+            raise walk_error(StoreError(
+                f"node {node!r}: {bound.name} points at {bound.digest}, which the store "
+                "does not have; remove the name, or put the object back"
+            ))
+        value = loads(blob)
+        kept_as = bound.meta.get("fingerprint") if bound.meta else None
+        now = self.prog.graph._fingerprints.get(node)
+        if kept_as != now:
+            print(f"somatize: node {node!r} recalled an output kept by version {kept_as!r}; "
+                  f"this graph says {now!r}", file=sys.stderr)
+        if self.emit is not None:
+            self.emit({"fact": "recalled", "node": node, "key": bound.name})
+        return value
+
+    def _keep(self, i: int, key: bytes | None, out: Any) -> None:
+        prog = self.prog
+        node = prog.ids[i]
+        if key is None:
+            raise walk_error(UnwritableError(
+                f"node {node!r} is .cached() but its input cannot be written down "
+                f"(a {(self.input_type or object).__qualname__}), so it has no key; register "
+                "a codec for it with somatize.codec(...), or drop .cached()"
+            ))
+        meta = {"node": node}
+        fingerprint = prog.graph._fingerprints.get(node)
+        if fingerprint is not None:
+            meta["fingerprint"] = fingerprint
+        try:
+            blob = dumps(out)
+        except UnwritableError as exc:
+            raise walk_error(UnwritableError(
+                f"node {node!r} is .cached() but what it returned cannot be kept: {exc}")) from None
+        name = name_of(key)
+        self.store.bind(name, self.store.put(blob), meta)
+        if self.emit is not None:
+            self.emit({"fact": "kept", "node": node, "key": name})
+
+    def _mapped(self, i: int, items: Any) -> list[Any]:
+        from ._engine import run_mapped
+
+        prog, store, emit = self.prog, self.store, self.emit
+        node = prog.ids[i]
+        if not isinstance(items, list):
+            return run_mapped(prog, i, items, emit, self.began)  # refuses, naming the node
+        prefix = self.static.prefix[i]
+        item_keys = []
+        for item in items:
+            try:
+                item_keys.append(node_key(prefix, [digest_of(item)]))
+            except Unwritable as exc:
+                raise walk_error(UnwritableError(
+                    f"node {node!r} is .mapped() and .cached(), and an item is a "
+                    f"{exc.what.__qualname__}, which cannot be written down; register a "
+                    "codec for it, or drop .cached()"
+                )) from None
+        out: list[Any] = [None] * len(items)
+        missing = []
+        for at, key in enumerate(item_keys):
+            bound = store.resolve(name_of(key))
+            blob = None if bound is None else store.get(bound.digest)
+            if blob is None:
+                missing.append(at)
+            else:
+                out[at] = loads(blob)
+        if len(missing) < len(items) and emit is not None:
+            emit({"fact": "recalled", "node": node, "items": len(items) - len(missing)})
+        if missing:
+            fresh = run_mapped(prog, i, [items[at] for at in missing], emit, self.began)
+            meta = {"node": node}
+            for at, value in zip(missing, fresh):
+                out[at] = value
+                try:
+                    blob = dumps(value)
+                except UnwritableError as exc:
+                    raise walk_error(UnwritableError(
+                        f"node {node!r}: an item it answered with cannot be kept: {exc}")) from None
+                store.bind(name_of(item_keys[at]), store.put(blob), meta)
+            if emit is not None:
+                emit({"fact": "kept", "node": node, "items": len(missing)})
+        self.keys[i] = node_key(_MAPPED + prefix, item_keys)
+        return out
+
+
+def _demand(prog: Any, route: Any, wanted: list[int], hits: dict) -> list[bool]:
+    """Which nodes have a reader that needs them: walking back from what is wanted,
+    a recalled node stops the need from reaching above it."""
+    demand = [False] * len(prog.ids)
+    for i in wanted:
+        demand[i] = True
+    inside = set(route.order)
+    for i in reversed(route.order):
+        if demand[i]:
+            continue
+        for s in prog.succs[i]:
+            if s in inside and demand[s] and s not in hits:
+                demand[i] = True
+                break
+    return demand
+
+
+def foreseen(prog: Any, input: Any, store: Any) -> dict[str, Any]:
+    """The keys and the unneeded of one forward, with nothing run."""
+    store = open_store(store)
+    static = prog.memory
+    if static is None:
+        static = prog.memory = Static(prog)
+    route = prog.route(None, False)
+    root, _ = _input_key(input)
+    keys: list[bytes | None] = [None] * len(prog.ids)
+    _keys(prog, route, static, root, keys)
+    hits = {i: True for i in route.order
+            if prog.cached[i] and keys[i] is not None and store.resolve(name_of(keys[i]))}
+    demand = _demand(prog, route, route.wanted, hits)
+    named = {prog.ids[i]: name_of(keys[i]) for i in route.order if keys[i] is not None}
+    unneeded = sorted(prog.ids[i] for i in route.order if not demand[i])
+    return {"keys": dict(sorted(named.items())), "unneeded": unneeded}
