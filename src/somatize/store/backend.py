@@ -1,0 +1,71 @@
+"""What a Store asks of the place it keeps things in: raw reads and writes, nothing more.
+
+A Store does the checking (names, digests, meta), the hashing, the codecs and the
+parsing of name records, so a backend never sees a malformed name or an unverified
+digest and never judges bytes. What it owes in return is atomicity: a reader sees a
+whole object or name record or none at all, never part of one, and ``claim_name``
+succeeds for exactly one caller across every process and machine sharing the place.
+
+I/O failures are raised as ``OSError`` (or ``StoreError``); the Store names the
+operation and turns them into ``StoreError`` for its caller. A backend must pickle,
+so that a Store can be handed to another process and open the same place there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Protocol, runtime_checkable
+
+__all__ = ["Backend"]
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """The raw I/O under a Store. ``hexdigest`` is always 64 lowercase hex characters."""
+
+    #: Where the things are, as a person would write it (a path, ``s3://bucket/prefix``).
+    where: str
+
+    def object_at(self, hexdigest: str) -> str:
+        """Where this object is or would be kept, for error messages."""
+        ...
+
+    def has_object(self, hexdigest: str) -> bool:
+        """Whether an object is kept under this digest (its bytes are not checked)."""
+        ...
+
+    def read_object(self, hexdigest: str) -> bytes | None:
+        """The bytes kept under this digest, or None; the Store verifies them."""
+        ...
+
+    def write_object(self, hexdigest: str, data: memoryview) -> None:
+        """Keeps ``data`` under its digest, all at once or not at all.
+
+        The Store calls this only after ``has_object`` said no, but a concurrent writer
+        may have won meanwhile; replacing an object with the same bytes must be harmless.
+        """
+        ...
+
+    def read_name(self, name: str) -> bytes | None:
+        """The record bound to ``name``, or None."""
+        ...
+
+    def write_name(self, name: str, record: bytes) -> None:
+        """Binds ``name`` to ``record``, replacing any earlier record in one step."""
+        ...
+
+    def claim_name(self, name: str, record: bytes) -> bool:
+        """Binds ``name`` to ``record`` only if nothing is bound to it; True if it did.
+
+        Exactly one of any number of concurrent claimers wins, and no reader may ever see
+        the winner's record incomplete.
+        """
+        ...
+
+    def list_names(self, prefix: str | None) -> Iterable[tuple[str, bytes]]:
+        """Every ``(name, record)`` bound, in any order.
+
+        With a prefix, only the name equal to it and the names below it
+        (``prefix + "/" + ...``); ``"run/a"`` does not reach ``"run/ab"``.
+        """
+        ...
