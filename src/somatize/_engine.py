@@ -16,6 +16,7 @@ around this loop, not second walks.
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -124,6 +125,8 @@ class Route:
         if run:
             self.segments.append(("here", run, None))
         self.away = any(kind == "away" for kind, _, _ in self.segments)
+        self.sent = {n for kind, _, remotes in self.segments if kind == "away"
+                     for away in remotes for n in away.nodes}
         # Predecessors outside the walk, which the caller has to hand in.
         self.outside = sorted({p for n in order for p in graph._preds[n]
                                if chosen is not None and p not in chosen})
@@ -272,6 +275,7 @@ def execute(graph: Any, input: Any = None, *, broker: Any = None, store: Any = N
             f"is: forward(..., broker=Broker.embedded({{{host!r}: Worker.at('HOST:PORT')}}))"
         )
 
+    forward_id = uuid.uuid4().hex if route.away else None
     began = time.perf_counter_ns()
     if emit is not None:
         emit({"fact": "began", "at_us": time.time_ns() // 1000})
@@ -282,7 +286,8 @@ def execute(graph: Any, input: Any = None, *, broker: Any = None, store: Any = N
             if kind == "here":
                 _walk(prog, order, vals, value, memory, emit, began)
             else:
-                _meanwhile(prog, order, remotes, vals, value, broker, memory, emit, began, stamping)
+                _meanwhile(prog, order, remotes, vals, value, broker, memory, emit, began,
+                           stamping, forward_id)
     except BaseException:
         if emit is not None:
             emit({"fact": "finished", "took_us": (time.perf_counter_ns() - began) // 1000,
@@ -408,14 +413,22 @@ def run_mapped(prog: Program, i: int, items: Any, emit: Any, began: int,
 
 def _meanwhile(prog: Program, order: list[int], remotes: list[Away], vals: list[Any],
                value: Any, broker: Any, memory: Any, emit: Any, began: int,
-               stamping: Any) -> None:
-    """A wave with Remotes in it: they go out concurrently, local nodes run meanwhile."""
+               stamping: Any, forward_id: str) -> None:
+    """A wave with Remotes in it: they go out concurrently, local nodes run meanwhile.
+
+    The broker's side of the contract: ``_run_slice(host, graph, nodes, given=,
+    input=, needs_input=, wanted=, watching=, stamping=, forward=)`` runs ``nodes``
+    (in that order) on ``host`` and returns an outcome with ``values`` (what came
+    back, by node), ``lost`` (node -> why it could not travel) and ``facts``. A
+    value in ``given`` may be a LostValue: the broker resolves it where it stayed,
+    or raises Lost.
+    """
     def job(away: Away) -> Any:
         given = {p: vals[prog.index[p]] for p in away.given}
         return broker._run_slice(away.host, prog.graph, away.nodes, given=given,
                                  input=value, needs_input=away.needs_input,
                                  wanted=away.wanted, watching=emit is not None,
-                                 stamping=stamping)
+                                 stamping=stamping, forward=forward_id)
 
     if len(remotes) == 1 and not order:
         outcomes = [job(remotes[0])]

@@ -21,11 +21,10 @@ from typing import Any
 
 from ._codec import dumps, loads
 from ._errors import CacheError, StoreError, UnwritableError, walk_error
+from ._items import remember_items
 from ._keys import Unwritable, digest_of, node_key, node_prefix
 
 __all__ = ["Memory", "foreseen", "open_store", "name_of"]
-
-_MAPPED = b"mapped"
 
 
 def open_store(store: Any) -> Any:
@@ -149,6 +148,13 @@ class Memory:
             static = prog.memory = Static(prog)
         if static.refusal is not None:
             raise CacheError(static.refusal)
+        for node in route.sent:
+            if node in prog.graph._cached:
+                raise CacheError(
+                    f"node {node!r} is .cached() and sent to host {prog.hosts[node]!r}; "
+                    "outputs are kept by whoever holds the store, which is here: run "
+                    f"{node!r} here, or drop .cached()"
+                )
         root, input_type = _input_key(input)
         if input_type is not None:
             needing = [prog.ids[i] for i in route.order if prog.cached[i]]
@@ -264,46 +270,12 @@ class Memory:
     def _mapped(self, i: int, items: Any) -> list[Any]:
         from ._engine import run_mapped
 
-        prog, store, emit = self.prog, self.store, self.emit
-        node = prog.ids[i]
+        prog, emit = self.prog, self.emit
         if not isinstance(items, list):
             return run_mapped(prog, i, items, emit, self.began)  # refuses, naming the node
-        prefix = self.static.prefix[i]
-        item_keys = []
-        for item in items:
-            try:
-                item_keys.append(node_key(prefix, [digest_of(item)]))
-            except Unwritable as exc:
-                raise walk_error(UnwritableError(
-                    f"node {node!r} is .mapped() and .cached(), and an item is a "
-                    f"{exc.what.__qualname__}, which cannot be written down; register a "
-                    "codec for it, or drop .cached()"
-                )) from None
-        out: list[Any] = [None] * len(items)
-        missing = []
-        for at, key in enumerate(item_keys):
-            bound = store.resolve(name_of(key))
-            blob = None if bound is None else store.get(bound.digest)
-            if blob is None:
-                missing.append(at)
-            else:
-                out[at] = loads(blob)
-        if len(missing) < len(items) and emit is not None:
-            emit({"fact": "recalled", "node": node, "items": len(items) - len(missing)})
-        if missing:
-            fresh = run_mapped(prog, i, [items[at] for at in missing], emit, self.began)
-            meta = {"node": node}
-            for at, value in zip(missing, fresh):
-                out[at] = value
-                try:
-                    blob = dumps(value)
-                except UnwritableError as exc:
-                    raise walk_error(UnwritableError(
-                        f"node {node!r}: an item it answered with cannot be kept: {exc}")) from None
-                store.bind(name_of(item_keys[at]), store.put(blob), meta)
-            if emit is not None:
-                emit({"fact": "kept", "node": node, "items": len(missing)})
-        self.keys[i] = node_key(_MAPPED + prefix, item_keys)
+        out, self.keys[i] = remember_items(
+            self.store, prog.ids[i], self.static.prefix[i], items,
+            lambda missing: run_mapped(prog, i, missing, emit, self.began), emit)
         return out
 
 
