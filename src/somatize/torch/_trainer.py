@@ -1,0 +1,445 @@
+"""The Trainer: a graph trained from outside, and the Result a run leaves.
+
+One step is a handful of movements, each a method, so that a driver for a graph cut
+into stages (a node trained where it runs, on another machine) can replace the two
+that change — the forward and the backward — and keep the rest::
+
+    _open      a group begins: the optimizer's gradients are cleared
+    _forward   the graph runs on one piece of the batch
+    _loss      the objective, checked for something a backward pass can start from
+    _backward  that loss, scaled by the piece's share and the group's size
+    _close     the group ends: the optimizer steps
+
+The graph is never changed by training, except for what ``freeze`` makes true and
+the weights, which live in the nodes and always did.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .._errors import CacheError, DeclarationError, NoGradient
+from .._graph import Graph
+from .._node import Opaque
+from ._weights import Weights, freeze, has_parameters, held, load_into, snapshot
+
+__all__ = ["Result", "Trainer"]
+
+_LATER = "split training across machines is not built yet (a later issue)"
+
+
+@dataclass
+class Result:
+    """What a training run leaves behind: its losses, one per step, in order."""
+
+    history: list[float] = field(default_factory=list)
+
+    @property
+    def loss(self) -> float | None:
+        """The last loss, or None when not a single step was taken."""
+        return self.history[-1] if self.history else None
+
+
+class Trainer:
+    """Trains a graph without the graph finding out.
+
+    ``objective(output, target)`` answers a loss; ``optimizer`` is the caller's, built
+    over ``parameters(g)`` (or a part of them). ``every`` steps make one update and
+    ``micro`` pieces make one step; they multiply. ``store`` makes a frozen
+    ``.cached()`` prefix run once per distinct batch. ``watching`` is handed to every
+    forward and also told ``loss`` and ``updated``.
+
+    Everything that makes a run wrong without making it fail is refused here, before
+    the first step: a frozen node's parameters in the optimizer, parameters that
+    nothing would update, a cache over something still training, nothing to train.
+    The graph's ``.frozen()`` declarations are then made true (``freeze``), last, so
+    that a refused Trainer has changed nothing.
+    """
+
+    def __init__(self, graph: Graph, *, objective: Callable[[Any, Any], Any],
+                 optimizer: Any = None, trains: Mapping[str, Any] | None = None,
+                 every: int = 1, micro: int = 1, store: Any = None, broker: Any = None,
+                 watching: Any = None, auditing: Any = None):
+        _not_yet(graph, trains, broker, auditing)
+        if not callable(objective):
+            raise DeclarationError(
+                f"objective= is a {type(objective).__qualname__}, which cannot be called; "
+                "give a function of (output, target) answering the loss, such as "
+                "torch.nn.functional.mse_loss"
+            )
+        self._every = _count("every", every, "steps go into one update")
+        self._micro = _count("micro", micro, "pieces one step is cut into")
+        self._watchers = _watchers(watching)
+        self._watching = self._watchers or None  # as the walk wants it: None is cheapest
+        frozen = set(graph.frozen())
+        _check_caches(graph, frozen)
+        _check_optimizer(graph, optimizer, frozen)
+        if store is not None:
+            from .._remember import open_store
+
+            store = open_store(store)
+        freeze(graph)
+        self._graph = graph
+        self._objective = objective
+        self._optimizer = optimizer
+        self._store = store
+        self._taken = 0  # steps in the group that is open; 0 means none is
+        self._checked = False
+
+    def __repr__(self) -> str:
+        return (f"Trainer({self._graph!r}, every={self._every}, micro={self._micro}, "
+                f"optimizer={type(self._optimizer).__qualname__})")
+
+    # -- the loop ---------------------------------------------------------------------
+    def step(self, batch: Any) -> float:
+        """One step over ``batch = (input, target)``: forward, loss, backward, and an
+        update when the group closes. Answers the whole batch's loss, undivided, so a
+        history reads the same whatever ``every`` and ``micro`` are."""
+        pieces = _pieces(batch, self._micro)
+        if self._taken == 0:
+            self._open()
+        losses = []
+        for x, y, share in pieces:
+            loss = self._loss(self._forward(x), y)
+            self._backward(loss, share)
+            losses.append(loss)
+        self._taken += 1
+        if self._taken == self._every:
+            self._close()
+        # Read after the update: .item() waits for the device, and the step need not.
+        if len(losses) == 1:
+            value = losses[0].item()
+        else:
+            value = sum(loss.detach() * share for loss, (_, _, share) in zip(losses, pieces)).item()
+        if self._watchers:
+            self._emit({"fact": "loss", "value": value})
+        return value
+
+    def update(self) -> bool:
+        """Applies what the open group has accumulated, as it is, and starts a new one.
+
+        For the group a run ends in the middle of. False, and nothing done, when no
+        group is open. The gradients are not rescaled: a group closed after ``k`` of
+        ``every`` steps pulls ``k/every`` as hard as a whole one.
+        """
+        if self._taken == 0:
+            return False
+        self._close()
+        return True
+
+    def fit(self, data: Iterable[Any], epochs: int = 1) -> Result:
+        """One step per batch of ``data``, for ``epochs`` passes, then ``update()``.
+
+        ``data`` is walked once per epoch, so with more than one it has to be walkable
+        again: an iterator (a generator) is refused before the first step, because its
+        second epoch would silently be empty. Shows a progress bar with the loss on a
+        terminal or in a notebook, and nothing otherwise.
+        """
+        epochs = _count("epochs", epochs, "passes over data are made", of="fit()")
+        try:
+            walked = iter(data)
+        except TypeError:
+            raise TypeError(f"fit() takes batches to walk over, not a "
+                            f"{type(data).__qualname__}") from None
+        if epochs > 1 and walked is data:
+            raise TypeError(
+                f"fit(epochs={epochs}) was handed a {type(data).__qualname__}, which is used "
+                "up by the first epoch, so the others would take no step; pass something "
+                "that can be walked again (a list, a DataLoader), or call fit() once per "
+                "epoch with a fresh one"
+            )
+        history: list[float] = []
+        bar = _progress(_length(data, epochs))
+        try:
+            for epoch in range(epochs):
+                for batch in (walked if epoch == 0 else data):
+                    history.append(self.step(batch))
+                    if bar is not None:
+                        bar.set_postfix(loss=f"{history[-1]:.4g}", refresh=False)
+                        bar.update()
+            self.update()
+        finally:
+            if bar is not None:
+                bar.close()
+        return Result(history)
+
+    # -- the four movements -------------------------------------------------------------
+    def _open(self) -> None:
+        self._optimizer.zero_grad()
+
+    def _forward(self, x: Any) -> Any:
+        return self._graph.forward(x if type(x) is Opaque else Opaque(x), store=self._store,
+                                   watching=self._watching)
+
+    def _loss(self, output: Any, target: Any) -> torch.Tensor:
+        if (isinstance(output, torch.Tensor) and isinstance(target, torch.Tensor)
+                and target.device != output.device):
+            target = target.to(output.device)
+        loss = self._objective(output, target)
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:
+            raise NoGradient(_no_loss(loss))
+        return loss
+
+    def _backward(self, loss: torch.Tensor, share: float) -> None:
+        # Written as the brief arithmetic says it, so micro=1, every=1 is exactly
+        # loss.backward() and every=N is exactly loss / N.
+        if share != 1.0:
+            loss = loss * share
+        if self._every != 1:
+            loss = loss / self._every
+        loss.backward()
+
+    def _close(self) -> None:
+        if not self._checked:
+            _check_gradients(self._graph, self._optimizer)
+            self._checked = True
+        self._optimizer.step()
+        self._taken = 0
+        if self._watchers:
+            self._emit({"fact": "updated"})
+
+    def _emit(self, fact: dict[str, Any]) -> None:
+        for watcher in self._watchers:  # one dict for all of them, as the walk does
+            watcher(fact)
+
+    # -- what a run leaves --------------------------------------------------------------
+    def export(self) -> Weights:
+        """The weights, ``{node: {key: tensor}}``: a detached copy, so the next step does
+        not move it under whoever holds it. The optimizer's state is not in it."""
+        return snapshot(self._graph)
+
+    def load(self, weights: Mapping[str, Mapping[str, Any]]) -> None:
+        """Copies ``weights`` (as ``export`` gives them) into the nodes they name.
+
+        All or nothing: every node, key, shape and dtype is checked first, and a
+        refusal names the node, the key and both sides. A frozen node that is loaded
+        is frozen again at the digest of its new weights, or its kept outputs would be
+        recalled for weights that no longer produce them.
+        """
+        loaded = load_into(self._graph, weights)
+        frozen = [n for n in loaded if n in self._graph.frozen()]
+        if frozen:
+            freeze(self._graph, *frozen)
+
+
+# -- refusals when the Trainer is built --------------------------------------------------
+def _not_yet(graph: Any, trains: Any, broker: Any, auditing: Any) -> None:
+    if not isinstance(graph, Graph):
+        raise TypeError(f"Trainer takes a somatize Graph, not a {type(graph).__qualname__}; "
+                        "build one with Graph.somatize(...)")
+    if trains:
+        raise DeclarationError(f"trains= names {sorted(trains)}: {_LATER}; train those "
+                               "nodes here, in the optimizer, for now")
+    if broker is not None:
+        raise DeclarationError(f"broker= was given: {_LATER}; train the graph in this "
+                               "process for now")
+    if auditing not in (None, False):
+        raise DeclarationError("auditing= was given: the audit of a training run is not "
+                               "built yet (a later issue); train without it for now")
+    hosts = graph.hosts()
+    if hosts:
+        node_id, host = next(iter(hosts.items()))
+        raise DeclarationError(f"node {node_id!r} is sent to host {host!r}: {_LATER}; "
+                               f"drop .at({host!r}) to train it here")
+
+
+def _count(name: str, value: Any, meaning: str, of: str = "Trainer") -> int:
+    if type(value) is not int or value < 1:
+        raise DeclarationError(f"{of}: {name}={value!r}; {name} is how many {meaning}, a "
+                               "whole number from 1 up")
+    return value
+
+
+def _watchers(watching: Any) -> list[Callable[[dict], None]]:
+    if watching is None:
+        return []
+    watchers = list(watching) if isinstance(watching, (list, tuple)) else [watching]
+    for watcher in watchers:
+        if not callable(watcher):
+            raise TypeError(f"watching= takes callables (or a list of them); {watcher!r} "
+                            "is not one")
+    return watchers
+
+
+def _check_caches(graph: Graph, frozen: set[str]) -> None:
+    """A kept output over something still training would be recalled after it changed."""
+    for node_id in graph.cached():
+        above = [node_id]
+        for n in above:
+            above += [p for p in graph.predecessors(n) if p not in above]
+        for n in above:
+            if n not in frozen and has_parameters(graph.implementation(n), n):
+                where = "is itself" if n == node_id else "is above it and"
+                raise CacheError(
+                    f"node {node_id!r} is .cached() but {n!r} {where} has parameters and is "
+                    "not frozen, so training would change what was kept without the key "
+                    f"changing; declare {n!r} .frozen() (or freeze(g, {n!r})), or drop .cached()"
+                )
+
+
+def _check_optimizer(graph: Graph, optimizer: Any, frozen: set[str]) -> None:
+    if optimizer is not None and not all(
+            hasattr(optimizer, a) for a in ("param_groups", "zero_grad", "step")):
+        raise TypeError(f"optimizer= takes a torch.optim.Optimizer, not a "
+                        f"{type(optimizer).__qualname__}")
+    holds = {} if optimizer is None else {
+        id(p): p for group in optimizer.param_groups for p in group["params"]}
+    settled: set[int] = set()
+    for node_id in [n for n in graph.nodes() if n in frozen]:
+        for p in held(graph.implementation(node_id), node_id):
+            settled.add(id(p))
+            if id(p) in holds:
+                raise DeclarationError(
+                    f"the optimizer holds parameters of node {node_id!r}, which is frozen: "
+                    "settled and trained at once; build the optimizer over "
+                    "parameters(g, without=g.frozen()), or do not freeze it"
+                )
+    idle = {}
+    for node_id in graph.nodes():
+        if node_id in frozen:
+            continue
+        left = [p for p in held(graph.implementation(node_id), node_id)
+                if id(p) not in holds and id(p) not in settled and p.requires_grad]
+        if left:
+            idle[node_id] = len(left)
+    if not holds:
+        raise DeclarationError(_nothing_to_train(optimizer, idle))
+    if idle:
+        node_id, count = next(iter(idle.items()))
+        raise DeclarationError(
+            f"node {node_id!r} has {count} parameter(s) that would get gradients and that "
+            "the optimizer does not hold, so nothing would ever apply them; give them to "
+            f"the optimizer (parameters(g)), or settle the node with freeze(g, {node_id!r})"
+        )
+
+
+def _nothing_to_train(optimizer: Any, idle: dict[str, int]) -> str:
+    what = "no optimizer was given" if optimizer is None else "the optimizer holds no parameters"
+    if idle:
+        return (f"{what}, and node(s) {', '.join(map(repr, idle))} have parameters to train; "
+                "pass optimizer=torch.optim.Adam(parameters(g), lr=...)")
+    return (f"nothing to train: {what}, and no node of this graph says it has parameters "
+            "that are not frozen; a node says so with a parameters() method answering its "
+            "tensors")
+
+
+def _check_gradients(graph: Graph, optimizer: Any) -> None:
+    """Once, at the first update: what the optimizer holds and got no gradient is a
+    net that quietly does not train (an output detached, a leaf nobody reads)."""
+    missing = {id(p) for group in optimizer.param_groups for p in group["params"]
+               if p.requires_grad and p.grad is None}
+    if not missing:
+        return
+    nodes = [n for n in graph.nodes()
+             if any(id(p) in missing for p in held(graph.implementation(n), n))]
+    where = (f"node(s) {', '.join(map(repr, nodes))}" if nodes
+             else "parameters that belong to no node of this graph")
+    raise NoGradient(
+        f"{len(missing)} parameter(s) the optimizer holds got no gradient over a whole "
+        f"group, from {where}: their output does not reach the loss (detached, converted "
+        "to data, or read by nobody); fix the path, or take them out of the optimizer"
+    )
+
+
+def _no_loss(loss: Any) -> str:
+    if not isinstance(loss, torch.Tensor):
+        return (f"the objective answered a {type(loss).__qualname__}; it has to answer the "
+                "loss as a tensor, with its graph attached, or nothing gets a gradient")
+    if loss.numel() != 1:
+        return (f"the objective answered a tensor of shape {tuple(loss.shape)}; a backward "
+                "pass starts from one number, so reduce it (reduction='mean')")
+    return ("the loss does not depend on anything that requires a gradient: every node "
+            "above it is frozen, or its output was detached on the way")
+
+
+# -- batches ------------------------------------------------------------------------------
+def _pieces(batch: Any, micro: int) -> list[tuple[Any, Any, float]]:
+    """``(input, target, share)`` for each piece of the batch: torch.chunk along the
+    first dimension, each share being its rows over the batch's."""
+    if not isinstance(batch, (tuple, list)) or len(batch) != 2:
+        raise TypeError(f"a batch is a pair (input, target), not a {type(batch).__qualname__}"
+                        + (f" of {len(batch)}" if isinstance(batch, (tuple, list)) else ""))
+    x, y = batch
+    if micro == 1:
+        return [(x, y, 1.0)]
+    rows, targets = _rows(x, "the input"), _rows(y, "the target")
+    if targets != rows:
+        raise ValueError(f"micro={micro}: the input has {rows} rows and the target "
+                         f"{targets}; they are cut together, so they must agree")
+    xs, ys = _chunk(x, micro), _chunk(y, micro)
+    return [(a, b, _first(b, "target").shape[0] / rows) for a, b in zip(xs, ys)]
+
+
+def _rows(value: Any, what: str) -> int:
+    sizes = {t.shape[0] if t.dim() else None for t in _tensors(value, what)}
+    if len(sizes) != 1 or None in sizes:
+        raise ValueError(f"micro cuts {what} along its first dimension, and its tensors "
+                         f"have first dimensions {sorted(map(str, sizes))}; they must share one")
+    return sizes.pop()
+
+
+def _tensors(value: Any, what: str) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for item in value for t in _tensors(item, what)]
+    if isinstance(value, dict):
+        return [t for item in value.values() for t in _tensors(item, what)]
+    raise TypeError(f"micro= cuts the batch with torch.chunk, and {what} holds a "
+                    f"{type(value).__qualname__}; give tensors (or tuples, lists and dicts "
+                    "of them), or use micro=1")
+
+
+def _chunk(value: Any, micro: int) -> list[Any]:
+    if isinstance(value, torch.Tensor):
+        return list(torch.chunk(value, micro))
+    if isinstance(value, dict):
+        parts = {k: _chunk(v, micro) for k, v in value.items()}
+        return [{k: p[i] for k, p in parts.items()} for i in range(len(next(iter(parts.values()))))]
+    parts = [_chunk(v, micro) for v in value]
+    return [type(value)(p[i] for p in parts) for i in range(len(parts[0]))]
+
+
+def _first(value: Any, what: str) -> torch.Tensor:
+    return _tensors(value, what)[0]
+
+
+# -- the progress bar ---------------------------------------------------------------------
+def _progress(total: int | None) -> Any:
+    """A tqdm bar where somebody is watching (a terminal, a notebook); else None."""
+    notebook = _in_notebook()
+    stream = sys.stderr
+    if not notebook and not (stream is not None and hasattr(stream, "isatty") and stream.isatty()):
+        return None
+    try:
+        if notebook and _has("ipywidgets"):
+            from tqdm.notebook import tqdm
+        else:
+            from tqdm.std import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, unit="step", dynamic_ncols=True)
+
+
+def _length(data: Any, epochs: int) -> int | None:
+    try:
+        return epochs * len(data)
+    except TypeError:  # no len, or one that refuses (a DataLoader over an iterable dataset)
+        return None
+
+
+def _in_notebook() -> bool:
+    ipython = sys.modules.get("IPython")  # never imported here: only if somebody did
+    shell = ipython.get_ipython() if ipython is not None else None
+    return type(shell).__name__ == "ZMQInteractiveShell"
+
+
+def _has(module: str) -> bool:
+    from importlib.util import find_spec
+
+    return find_spec(module) is not None

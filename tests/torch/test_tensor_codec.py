@@ -1,0 +1,170 @@
+"""The tensor codec: raw bytes with dtype and shape, deterministic, for every dtype."""
+
+import json
+import struct
+import tracemalloc
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import somatize.torch  # noqa: E402,F401  registers the codec
+from somatize import (CorruptObject, Graph, Node, Opaque, UnwritableError,  # noqa: E402
+                      codecs_registered)
+from somatize._codec import dumps, loads  # noqa: E402
+from somatize.store import Store  # noqa: E402
+from somatize.torch import _codec  # noqa: E402
+
+EVERY_DTYPE = sorted(_codec._WRITTEN, key=str)
+
+
+def bits(tensor):
+    """The raw bytes of a tensor, whatever its dtype (NaN == NaN here, as it should)."""
+    flat = tensor.contiguous().view(-1)
+    return bytes(flat.view(torch.uint8).numpy()) if flat.numel() else b""
+
+
+def random_bits(dtype, shape, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    count = torch.Size(shape).numel() * dtype.itemsize
+    raw = torch.randint(0, 256, (count,), dtype=torch.uint8, generator=generator)
+    if dtype == torch.bool:
+        raw = raw % 2  # a bool is 0 or 1; other bytes are not a bool
+    if dtype in _codec._SHELL_DTYPES:
+        return raw.view(shape).view(dtype)
+    return raw.view(dtype).view(shape)
+
+
+def test_it_is_registered_under_its_kind_on_import():
+    assert codecs_registered()[_codec.KIND] is torch.Tensor
+    assert _codec.KIND == "torch.Tensor"
+
+
+@pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
+@pytest.mark.parametrize("dtype", EVERY_DTYPE, ids=str)
+def test_every_dtype_round_trips_bit_for_bit(dtype):
+    for shape in [(3, 5), (), (0, 4), (2, 1, 3)]:
+        tensor = random_bits(dtype, shape)
+        back = _codec.load(bytes(_codec.dump(tensor)))
+        assert back.dtype == dtype and back.shape == tensor.shape
+        assert back.device.type == "cpu"
+        assert bits(back) == bits(tensor)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.bool, torch.int64,
+                                   torch.complex64], ids=str)
+def test_equal_tensors_give_equal_bytes_whatever_their_layout_or_grad(dtype):
+    base = random_bits(dtype, (4, 6), seed=3)
+    transposed_twice = base.t().contiguous().t()  # same values, other strides
+    assert not transposed_twice.is_contiguous()
+    sliced = torch.cat([base, base])[4:]  # same values at a storage offset
+    same = [base.clone(), transposed_twice, sliced]
+    if dtype.is_floating_point or dtype.is_complex:
+        same.append(base.clone().requires_grad_())
+        same.append(torch.nn.Parameter(base.clone()))
+    blobs = {bytes(_codec.dump(t)) for t in same}
+    assert len(blobs) == 1
+
+
+def test_different_values_dtypes_or_shapes_give_different_bytes():
+    base = torch.arange(12, dtype=torch.float32)
+    changed = base.clone()
+    changed[7] = torch.nextafter(changed[7], torch.tensor(100.0))
+    variants = [base, changed, base.view(3, 4), base.view(4, 3), base.to(torch.float64),
+                base.view(torch.int32)]
+    assert len({bytes(_codec.dump(t)) for t in variants}) == len(variants)
+
+
+class Keep(Node):
+    def forward(self, x, ctx):
+        return Opaque(x * 2)
+
+
+def test_equal_tensors_name_one_key_and_unequal_ones_two(tmp_path):
+    g = Graph.somatize(Keep().cached())
+
+    def key(tensor):
+        return json.loads(g.foreseen_json(Opaque(tensor), store=tmp_path))["keys"]["keep"]
+
+    a = torch.randn(5, 3)
+    assert key(a) == key(a.t().contiguous().t()) == key(a.clone().requires_grad_())
+    assert key(a) != key(a + 1) != key(a.double())
+    assert key(a) != key(a.reshape(3, 5))
+
+
+def test_a_blob_of_a_known_dtype_is_a_safetensors_file():
+    safetensors = pytest.importorskip("safetensors.torch")
+    for dtype in (torch.float32, torch.bfloat16, torch.int8, torch.bool, torch.float16):
+        tensor = random_bits(dtype, (3, 4), seed=5)
+        read = safetensors.load(bytes(_codec.dump(tensor)))["t"]
+        assert read.dtype == dtype and bits(read) == bits(tensor)
+
+
+def test_the_header_says_dtype_and_shape_and_the_values_are_raw():
+    tensor = torch.tensor([[1.5, -2.0, 3.25]], dtype=torch.float32)
+    blob = bytes(_codec.dump(tensor))
+    (length,) = struct.unpack_from("<Q", blob)
+    header = json.loads(blob[8:8 + length])
+    assert header == {"t": {"dtype": "F32", "shape": [1, 3], "data_offsets": [0, 12]}}
+    assert (8 + length) % 16 == 0
+    assert blob[8 + length:] == struct.pack("<3f", 1.5, -2.0, 3.25)
+
+
+def test_writing_copies_the_values_once(tmp_path):
+    tensor = torch.randn(2 * 1024 * 1024)  # 8 MB
+    tracemalloc.start()
+    try:
+        blob = _codec.dump(tensor.t())
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    size = tensor.numel() * 4
+    assert len(blob) < size + 256
+    assert peak < size * 1.1, f"{peak} bytes held while writing {size}"
+
+
+@pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor")
+def test_what_is_not_a_block_of_values_is_refused_naming_why():
+    sparse = torch.eye(3).to_sparse()
+    with pytest.raises(UnwritableError, match="to_dense"):
+        _codec.dump(sparse)
+    quantized = torch.quantize_per_tensor(torch.randn(4), 0.1, 0, torch.qint8)
+    with pytest.raises(UnwritableError, match="dequantize"):
+        _codec.dump(quantized)
+    with pytest.raises(UnwritableError, match="meta"):
+        _codec.dump(torch.empty(3, device="meta"))
+
+
+def test_bytes_that_are_not_a_tensor_are_refused_not_misread():
+    good = bytes(_codec.dump(torch.arange(6.0)))
+    with pytest.raises(CorruptObject, match="shorter"):
+        _codec.load(b"\x01")
+    with pytest.raises(CorruptObject, match="past the end"):
+        _codec.load(struct.pack("<Q", 10_000) + b"{}")
+    with pytest.raises(CorruptObject, match="has 20"):
+        _codec.load(good[:-4])
+    with pytest.raises(CorruptObject, match="header"):
+        _codec.load(struct.pack("<Q", 8) + b"not json")
+    strange = json.dumps({"t": {"dtype": "F99", "shape": [1], "data_offsets": [0, 1]}}).encode()
+    with pytest.raises(UnwritableError, match="F99"):
+        _codec.load(struct.pack("<Q", len(strange)) + strange + b"\x00")
+
+
+def test_nested_weights_keep_and_recall_through_a_store(tmp_path):
+    store = Store(tmp_path)
+    weights = {
+        "body": {"net.0.weight": torch.randn(4, 3), "net.0.bias": torch.randn(4).bfloat16()},
+        "head": {"mask": torch.rand(5) > 0.5, "steps": torch.tensor(7),
+                 "phase": torch.randn(2, dtype=torch.complex128)},
+    }
+    digest = store.keep("round/3", weights)
+    back = store.recall("round/3")
+    assert sorted(back) == ["body", "head"]
+    for node, keyed in weights.items():
+        assert sorted(back[node]) == sorted(keyed)
+        for key, tensor in keyed.items():
+            assert back[node][key].dtype == tensor.dtype
+            assert torch.equal(back[node][key], tensor)
+    assert store.keep("round/3-again", {n: dict(k) for n, k in weights.items()}) == digest
+    again = loads(dumps(weights))
+    assert torch.equal(again["body"]["net.0.weight"], weights["body"]["net.0.weight"])

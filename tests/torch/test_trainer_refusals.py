@@ -1,0 +1,184 @@
+"""What the Trainer refuses, when it refuses it, and that a refusal changes nothing."""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch.nn.functional as F  # noqa: E402
+
+from somatize import CacheError, DeclarationError, Graph, Node, Opaque  # noqa: E402
+from somatize.torch import Trainer, freeze, parameters  # noqa: E402
+from trainnets import batches, graph, weights  # noqa: E402
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+
+def sgd(params):
+    return torch.optim.SGD(params, lr=0.1)
+
+
+def unchanged(g, body):
+    """Nothing a Trainer makes true was made true."""
+    return all(p.requires_grad for p in body.net.parameters()) and all(
+        state is None for state in g.frozen().values())
+
+
+def test_an_optimizer_holding_a_frozen_nodes_parameters_is_refused():
+    g, body, _ = graph(body=lambda b: b.frozen())
+    with pytest.raises(DeclarationError, match=r"node 'body', which is frozen.*without=g.frozen"):
+        Trainer(g, objective=F.mse_loss, optimizer=sgd(parameters(g)))
+    assert unchanged(g, body)
+
+
+def test_a_node_frozen_by_hand_is_refused_the_same_way():
+    g, body, _ = graph()
+    optimizer = sgd(parameters(g))
+    freeze(g, "body")
+    with pytest.raises(DeclarationError, match="'body', which is frozen"):
+        Trainer(g, objective=F.mse_loss, optimizer=optimizer)
+
+
+@pytest.mark.parametrize("modifiers, culprit", [
+    ((lambda b: b.cached(), lambda h: h), "'body' is .cached\\(\\) but 'body' is itself"),
+    ((lambda b: b, lambda h: h.frozen().cached()), "'head' is .cached\\(\\) but 'body' is above"),
+])
+def test_a_cache_over_something_still_training_is_refused_when_built(modifiers, culprit):
+    g, body, _ = graph(body=modifiers[0], head=modifiers[1])
+    with pytest.raises(CacheError, match=culprit):
+        Trainer(g, objective=F.mse_loss, optimizer=sgd(parameters(g, without=g.frozen())))
+    assert unchanged(g, body)
+
+
+def test_no_optimizer_while_nodes_have_parameters_is_refused_naming_them():
+    g, _, _ = graph()
+    with pytest.raises(DeclarationError, match=r"no optimizer.*'body', 'head'"):
+        Trainer(g, objective=F.mse_loss)
+
+
+class Plain(Node):
+    def forward(self, x, ctx):
+        return Opaque(x * 2)
+
+
+def test_nothing_to_train_is_refused():
+    g = Graph.somatize(Plain() >> Plain())
+    with pytest.raises(DeclarationError, match="nothing to train: no optimizer"):
+        Trainer(g, objective=F.mse_loss)
+    with pytest.raises(DeclarationError, match="nothing to train: the optimizer holds no"):
+        Trainer(g, objective=F.mse_loss, optimizer=torch.optim.SGD([{"params": []}], lr=0.1))
+
+
+def test_parameters_nothing_would_apply_are_refused():
+    g, body, _ = graph()
+    says = r"node 'body' has 4 parameter\(s\).*freeze\(g, 'body'\)"
+    with pytest.raises(DeclarationError, match=says):
+        Trainer(g, objective=F.mse_loss, optimizer=sgd(parameters(g, without=["body"])))
+    assert unchanged(g, body)
+
+
+@pytest.mark.parametrize("name, value", [("every", 0), ("every", 1.5), ("every", True),
+                                         ("micro", -1), ("micro", "2")])
+def test_every_and_micro_are_whole_numbers_from_one(name, value):
+    g, _, _ = graph()
+    with pytest.raises(DeclarationError, match=f"{name}={value!r}"):
+        Trainer(g, objective=F.mse_loss, optimizer=sgd(parameters(g)), **{name: value})
+
+
+def test_an_objective_that_cannot_be_called_is_refused():
+    g, _, _ = graph()
+    with pytest.raises(DeclarationError, match="objective= is a str"):
+        Trainer(g, objective="mse", optimizer=sgd(parameters(g)))
+
+
+@pytest.mark.parametrize("given", [{"trains": {"body": object()}}, {"broker": object()},
+                                   {"auditing": True}])
+def test_what_is_not_built_yet_is_refused_saying_so(given):
+    g, body, _ = graph(body=lambda b: b.frozen())
+    with pytest.raises(DeclarationError, match="not built yet"):
+        Trainer(g, objective=F.mse_loss, optimizer=sgd(parameters(g, without=["body"])), **given)
+    assert unchanged(g, body)
+
+
+def test_a_graph_with_a_slice_on_another_host_is_refused():
+    g, _, _ = graph(head=lambda h: h.at("gpu"))
+    with pytest.raises(DeclarationError, match="'head' is sent to host 'gpu'.*not built yet"):
+        Trainer(g, objective=F.mse_loss, optimizer=sgd(parameters(g)))
+
+
+def test_the_wrong_arguments_are_refused_by_type():
+    g, _, _ = graph()
+    with pytest.raises(TypeError, match="somatize Graph"):
+        Trainer(object(), objective=F.mse_loss)
+    with pytest.raises(TypeError, match="torch.optim.Optimizer"):
+        Trainer(g, objective=F.mse_loss, optimizer=[1])
+    with pytest.raises(TypeError, match="watching"):
+        Trainer(g, objective=F.mse_loss, optimizer=sgd(parameters(g)), watching=[1])
+    trainer = Trainer(g, objective=F.mse_loss, optimizer=sgd(parameters(g)))
+    with pytest.raises(TypeError, match="pair"):
+        trainer.step(torch.zeros(3, 8))
+
+
+def test_fit_refuses_an_iterator_for_more_than_one_epoch_before_any_step():
+    g, body, _ = graph()
+    seen = []
+    trainer = Trainer(g, objective=F.mse_loss, optimizer=sgd(parameters(g)), watching=seen.append)
+    before = weights(body.net)
+    data = batches(3)
+    with pytest.raises(TypeError, match="used up by the first epoch"):
+        trainer.fit((batch for batch in data), epochs=2)
+    assert seen == [] and all(torch.equal(a, b) for a, b in zip(before, weights(body.net)))
+    assert len(trainer.fit((batch for batch in data), epochs=1).history) == 3
+    with pytest.raises(DeclarationError, match="epochs=0"):
+        trainer.fit(data, epochs=0)
+
+
+def test_no_progress_bar_when_nobody_is_watching_a_terminal(capfd):
+    g, _, _ = graph()
+    trainer = Trainer(g, objective=F.mse_loss, optimizer=sgd(parameters(g)))
+    trainer.fit(batches(3), epochs=2)
+    out, err = capfd.readouterr()
+    assert out == "" and err == ""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs a pseudo-terminal")
+def test_a_progress_bar_with_the_loss_on_a_terminal():
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path[:0] = [{str(SRC)!r}, {str(Path(__file__).parent)!r}]
+        import torch, torch.nn.functional as F
+        from somatize.torch import Trainer, parameters
+        from trainnets import batches, graph
+        g, _, _ = graph()
+        t = Trainer(g, objective=F.mse_loss, optimizer=torch.optim.SGD(parameters(g), lr=0.1))
+        t.fit(batches(4), epochs=2)
+    """)
+    leader, follower = pty.openpty()
+    # A fresh pseudo-terminal is 0 columns wide, where a bar has no room at all.
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+    child = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL, stderr=follower, close_fds=True)
+    os.close(follower)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # the terminal closed: the child is gone
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(leader)
+    assert child.wait(timeout=60) == 0, shown.decode(errors="replace")
+    text = shown.decode(errors="replace")
+    assert "8/8" in text and "loss=" in text
