@@ -1,0 +1,174 @@
+"""What recording costs, side by side with not recording and with TensorBoard.
+
+1. A 2-node forward, unwatched and watched by a Recorder, interleaved in one run
+   (target: recording adds under 200 µs per forward).
+2. A training-shaped step: that forward plus the trainer's ``updated`` and ``loss``
+   after its ``finished`` (so each record is bound twice), against TensorBoard's
+   ``SummaryWriter.add_scalar`` for the same step (target: at most 1.5x its cost).
+   TensorBoard is measured two ways: the loss alone, and every number the record
+   holds (the loss, each node's time, the forward's time) as one scalar each; and
+   with ``flush()`` after each step, the point at which its file holds the step as a
+   Recorder's store does the moment a forward finishes.
+3. ``progress`` over a run of 10,000 forwards summarising the loss (target: < 2 s).
+
+    python benchmarks/record.py
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+
+from somatize import Graph, Node
+from somatize.record import Recorder, curve, progress
+from somatize.store import Store
+
+BLOCK = 200  # forwards per timed block
+ROUNDS = 15  # blocks of each kind, interleaved
+LONG = 10_000
+
+
+class Body(Node):
+    def forward(self, x, ctx):
+        return x + 1
+
+
+class Head(Node):
+    def forward(self, x, ctx):
+        return x * 2
+
+
+def per_call(fn, count=BLOCK):
+    """Seconds per call of ``fn`` over one block."""
+    start = time.perf_counter()
+    for i in range(count):
+        fn(i)
+    return (time.perf_counter() - start) / count
+
+
+def side_by_side(contenders, rounds=ROUNDS):
+    """The median per-call time of each contender, blocks interleaved so that whatever
+    the machine does meanwhile falls on all of them alike."""
+    times = {name: [] for name in contenders}
+    for fn in contenders.values():
+        per_call(fn, 20)  # warm
+    for _ in range(rounds):
+        for name, fn in contenders.items():
+            times[name].append(per_call(fn))
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def forward_costs(g):
+    store = Store(tempfile.mkdtemp(prefix="somatize-bench-"))
+    recorder = Recorder(store, run="bench")
+    listed = []
+
+    def listing(fact):
+        listed.append(fact)
+        if len(listed) > 10_000:
+            listed.clear()
+
+    return side_by_side({
+        "unwatched": lambda i: g.forward(i),
+        "watched by list.append": lambda i: g.forward(i, watching=listing),
+        "watched by Recorder": lambda i: g.forward(i, watching=recorder),
+    })
+
+
+def step_costs(g):
+    store = Store(tempfile.mkdtemp(prefix="somatize-bench-"))
+    recorder = Recorder(store, run="steps", summarising=["loss"])
+
+    def recorded(i):
+        g.forward(i, watching=recorder)
+        recorder({"fact": "updated"})
+        recorder({"fact": "loss", "value": 1.0 / (i + 1)})
+
+    contenders = {"plain step": lambda i: g.forward(i), "Recorder step": recorded}
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        print("(torch.utils.tensorboard is not importable: TensorBoard left out)")
+        return side_by_side(contenders)
+    writer = SummaryWriter(tempfile.mkdtemp(prefix="somatize-bench-tb-"))
+    step = [0]
+
+    def tensorboard(every_number, flush):
+        def one(i):
+            began = time.perf_counter_ns()
+            g.forward(i)
+            took = (time.perf_counter_ns() - began) // 1000
+            step[0] += 1
+            writer.add_scalar("loss", 1.0 / (i + 1), step[0])
+            if every_number:
+                writer.add_scalar("node/body_us", took / 2, step[0])
+                writer.add_scalar("node/head_us", took / 2, step[0])
+                writer.add_scalar("forward_us", took, step[0])
+            if flush:
+                writer.flush()
+        return one
+
+    contenders.update({
+        "TensorBoard, loss": tensorboard(False, False),
+        "TensorBoard, loss + flush": tensorboard(False, True),
+        "TensorBoard, same numbers": tensorboard(True, False),
+        "TensorBoard, same numbers + flush": tensorboard(True, True),
+    })
+    try:
+        return side_by_side(contenders)
+    finally:
+        writer.close()
+
+
+def long_run():
+    store = Store(tempfile.mkdtemp(prefix="somatize-bench-"))
+    g = Graph.somatize(Body() >> Head())
+    recorder = Recorder(store, run="long", summarising=["loss"])
+    start = time.perf_counter()
+    for i in range(LONG):
+        g.forward(i, watching=recorder)
+        recorder({"fact": "loss", "value": 1.0 / (i + 1)})
+    recorder.close()
+    built = time.perf_counter() - start
+    start = time.perf_counter()
+    values = curve(store, "long")
+    read = time.perf_counter() - start
+    assert len(values) == LONG
+    start = time.perf_counter()
+    fig = progress(store, "long")
+    drawn = time.perf_counter() - start
+    assert len(fig.data[0].x) == LONG
+    return built, read, drawn
+
+
+def main():
+    g = Graph.somatize(Body() >> Head())
+    print(f"A 2-node forward, {ROUNDS} interleaved blocks of {BLOCK}, median per forward:")
+    found = forward_costs(g)
+    plain = found["unwatched"]
+    for name, seconds in found.items():
+        print(f"  {name:34s} {seconds * 1e6:8.1f} µs   {seconds / plain:6.2f}x unwatched")
+    added = (found["watched by Recorder"] - plain) * 1e6
+    print(f"  recording adds {added:.1f} µs per forward (target < 200 µs): "
+          f"{'met' if added < 200 else 'NOT met'}")
+    print()
+    print("A training-shaped step (forward, then updated and loss), median per step:")
+    steps = step_costs(g)
+    plain, ours = steps["plain step"], steps["Recorder step"]
+    print(f"  {'Recorder step':34s} {ours * 1e6:8.1f} µs   adds {(ours - plain) * 1e6:7.1f} µs")
+    for name, seconds in steps.items():
+        if name.startswith("TensorBoard"):
+            cost = seconds - plain
+            print(f"  {name:34s} {seconds * 1e6:8.1f} µs   adds {cost * 1e6:7.1f} µs   "
+                  f"Recorder/TensorBoard added cost {(ours - plain) / cost:5.2f}x")
+    print("  (target: at most 1.5x TensorBoard's cost per step)")
+    print()
+    built, read, drawn = long_run()
+    print(f"A run of {LONG:,} forwards summarising loss (written in {built:.2f} s):")
+    print(f"  curve    {read:6.3f} s")
+    print(f"  progress {drawn:6.3f} s   (target < 2 s): {'met' if drawn < 2 else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    main()

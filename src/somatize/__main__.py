@@ -1,0 +1,5 @@
+"""``python -m somatize``: the same command as ``somatize``."""
+
+from .cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,217 @@
+"""The ``somatize`` command: read what runs left in a store, and start a worker.
+
+    somatize runs STORE                      the runs a store holds
+    somatize show STORE RUN [--forward N]    a run per node, or one forward's facts
+    somatize report STORE RUN -o FILE.html   one HTML file that opens offline
+    somatize worker ...                      a worker (python -m somatize.worker)
+
+A mistake (a store that is not there, an unknown run, a forward out of range) is one
+line on stderr and exit status 2; a traceback means a bug in somatize.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from ._errors import SomaError
+
+__all__ = ["main"]
+
+USAGE_ERROR = 2
+
+
+class Refused(Exception):
+    """A mistake of the caller's, said in one line."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="somatize", description="Read the runs a store holds, or start a worker.")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    runs = commands.add_parser("runs", help="the runs in a store")
+    runs.add_argument("store", metavar="STORE", help="the store's directory")
+    show = commands.add_parser("show", help="a run per node, or the facts of one forward")
+    show.add_argument("store", metavar="STORE", help="the store's directory")
+    show.add_argument("run", metavar="RUN", help="the run's name (see: somatize runs STORE)")
+    show.add_argument("--forward", "-f", type=int, metavar="N",
+                      help="show this forward's facts (negative counts from the end)")
+    report = commands.add_parser("report", help="a run as one HTML file that opens offline")
+    report.add_argument("store", metavar="STORE", help="the store's directory")
+    report.add_argument("run", metavar="RUN", help="the run's name")
+    report.add_argument("-o", "--output", metavar="FILE", help="where to write it (default: RUN.html)")
+    worker = commands.add_parser("worker", help="run a worker (the same as python -m somatize.worker)",
+                                 add_help=False)
+    worker.add_argument("rest", nargs=argparse.REMAINDER)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the command line ``argv`` (``sys.argv[1:]`` when None); answers the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["worker"]:  # everything after it belongs to the worker's own parser
+        return _worker(argv[1:])
+    arguments = _parser().parse_args(argv)
+    try:
+        if arguments.command == "runs":
+            _print(_runs(_store(arguments.store)))
+        elif arguments.command == "show":
+            _print(_show(_store(arguments.store), arguments.run, arguments.forward))
+        elif arguments.command == "report":
+            _report(_store(arguments.store), arguments.run, arguments.output)
+    except (Refused, SomaError, OSError, ImportError) as exc:
+        print(f"somatize {arguments.command}: {exc}", file=sys.stderr)
+        return USAGE_ERROR
+    return 0
+
+
+def _print(lines: list[str]) -> None:
+    try:
+        sys.stdout.write("".join(line + "\n" for line in lines))
+        sys.stdout.flush()
+    except BrokenPipeError:  # `somatize show ... | head` stopped reading: not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def _store(where: str) -> Any:
+    """The store at a directory that already is one; reading never makes a store."""
+    from .store import Store
+
+    if not os.path.isdir(where):
+        raise Refused(f"there is no store at {where}: it is not a directory")
+    # The directory layout's own mark (see somatize.store.local): without it, opening
+    # would turn an arbitrary directory into an empty store.
+    if not os.path.isdir(os.path.join(where, "names")):
+        raise Refused(f"{where} is a directory but not a store (it has no names/ in it)")
+    return Store(where, durable=False)
+
+
+# -- runs ---------------------------------------------------------------------------------
+def _when(seconds: float) -> str:
+    return datetime.datetime.fromtimestamp(seconds, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}" if math.isfinite(value) else str(value)
+    if isinstance(value, (dict, list)):
+        return "…"
+    return str(value)
+
+
+def table(header: list[str], rows: list[list[str]], right: set[int] = frozenset()) -> list[str]:
+    """Rows aligned under a header; the columns in ``right`` flush right (numbers)."""
+    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(str(c).rjust(w) if i in right else str(c).ljust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+    return [line(header), line(["-" * w for w in widths])] + [line(row) for row in rows]
+
+
+def _runs(store: Any) -> list[str]:
+    from .record import runs
+
+    found = runs(store)
+    if not found:
+        return [f"no runs in {store.where} (a Recorder(store) writes one)"]
+    keys = list(dict.fromkeys(key for run in found for key in run.summary))
+    header = ["run", "forwards", "first (UTC)", "last (UTC)"] + [f"last {key}" for key in keys]
+    rows = [[run.name, str(run.forwards), _when(run.first), _when(run.last)]
+            + [_value(run.summary[key]) if key in run.summary else "" for key in keys]
+            for run in found]
+    return table(header, rows, right={1} | set(range(4, 4 + len(keys))))
+
+
+# -- show ---------------------------------------------------------------------------------
+_KNOWN = ("fact", "node", "host", "began_us", "took_us")
+
+
+def _facts_table(facts: list[dict[str, Any]]) -> list[str]:
+    rows = []
+    for at, fact in enumerate(facts):
+        if type(fact) is not dict:
+            rows.append([str(at), "?", "", "", "", "", repr(fact)])
+            continue
+        rest = []
+        for key, value in fact.items():
+            if key in _KNOWN:
+                continue
+            if key == "at_us" and isinstance(value, int):  # the wall clock a forward began at
+                rest.append(f"at {_when(value // 1_000_000)}.{value % 1_000_000:06d} UTC")
+                continue
+            rest.append(f"{key}={_value(value) if not isinstance(value, str) else value}")
+        rows.append([str(at), str(fact.get("fact", "?")), str(fact.get("node", "")),
+                     str(fact.get("host", "")), _us(fact.get("began_us")), _us(fact.get("took_us")),
+                     " ".join(rest)])
+    return table(["#", "fact", "node", "host", "began µs", "took µs", "more"], rows, right={0, 4, 5})
+
+
+def _us(value: Any) -> str:
+    return "" if value is None else str(value)
+
+
+def _nodes_table(store: Any, run: str) -> list[str]:
+    from .record._read import tally
+
+    summed = tally(store, run)
+    head = [f"run {run}: {summed.forwards} forwards, {summed.took_us / 1000:.6g} ms end to end"
+            + (f", {summed.failed} failed" if summed.failed else "")]
+    if not summed.nodes:
+        return head + ["no node ran"]
+    total = sum(entry["total_us"] for entry in summed.nodes.values()) or 1
+    rows = [[node, e["host"] or "here", str(e["ran"]), str(e["recalled"]), str(e["kept"]),
+             str(e["unneeded"]), str(e["failed"]), f"{e['total_us'] / 1000:.6g}",
+             f"{e['mean_us'] / 1000:.4g}", f"{100 * e['total_us'] / total:.1f}%"]
+            for node, e in sorted(summed.nodes.items(), key=lambda item: -item[1]["total_us"])]
+    lines = head + [""] + table(
+        ["node", "where", "ran", "recalled", "kept", "unneeded", "failed", "total ms", "mean ms", "share"],
+        rows, right=set(range(2, 10)))
+    for host, hop in summed.hops.items():
+        lines.append(f"wire to {host}: sent {hop['sent']}× ({hop['sent_bytes']} bytes, "
+                     f"{hop['sent_us'] / 1000:.6g} ms), received {hop['received']}× "
+                     f"({hop['received_bytes']} bytes, {hop['received_us'] / 1000:.6g} ms)")
+    return lines
+
+
+def _show(store: Any, run: str, forward: int | None) -> list[str]:
+    from .record import facts
+
+    if forward is None:
+        return _nodes_table(store, run)
+    said = facts(store, run, forward)
+    return [f"run {run}, forward {forward}: {len(said)} facts", ""] + _facts_table(said)
+
+
+# -- report -------------------------------------------------------------------------------
+def _report(store: Any, run: str, output: str | None) -> None:
+    from .record import report
+
+    target = output or f"{run}.html"
+    folder = os.path.dirname(os.path.abspath(target))
+    if not os.path.isdir(folder):
+        raise Refused(f"cannot write {target}: {folder} is not a directory")
+    written = report(store, run, target)
+    print(f"wrote {written} ({os.path.getsize(written) // 1024} KiB; opens offline)")
+
+
+# -- worker -------------------------------------------------------------------------------
+def _worker(argv: list[str]) -> int:
+    try:
+        from . import worker
+    except ModuleNotFoundError as exc:
+        if exc.name in ("somatize.worker", f"{__package__}.worker"):
+            print("somatize worker: this installation of somatize has no worker yet",
+                  file=sys.stderr)
+        else:
+            print(f"somatize worker: the worker needs {exc.name}, which is not installed: "
+                  "pip install 'somatize[wire]'", file=sys.stderr)
+        return USAGE_ERROR
+    answer = worker.main(argv)
+    return answer if isinstance(answer, int) else 0

@@ -1,0 +1,212 @@
+"""The record drawn: a curve over the forwards, and where the time went.
+
+plotly is imported here and nowhere above, so ``somatize.record`` reads runs on a
+machine without it and only drawing asks for the ``viz`` extra.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from ._read import Tally, points, tally
+
+__all__ = ["curve_figure", "progress", "smoothed", "spent"]
+
+RAW = "rgba(99, 110, 250, 0.5)"
+SMOOTH = "rgb(45, 55, 200)"
+HERE = "#4c78a8"
+HOSTS = ("#f58518", "#54a24b", "#b279a2", "#e45756", "#72b7b2", "#eeca3b", "#ff9da6", "#9d755d")
+FONT = {"family": "Helvetica, Arial, sans-serif", "size": 13}
+
+
+def go() -> Any:
+    try:
+        from plotly import graph_objects
+    except ImportError:
+        raise ImportError("drawing a record needs plotly: pip install 'somatize[viz]'") from None
+    return graph_objects
+
+
+def smoothed(values: Sequence[float], weight: float) -> list[float | None]:
+    """An exponential moving average, debiased so the start is not pulled toward zero
+    (as TensorBoard does); a value that is not finite is passed over, not averaged in."""
+    out: list[float | None] = []
+    average, seen = 0.0, 0
+    for value in values:
+        if math.isfinite(value):
+            average = weight * average + (1 - weight) * value
+            seen += 1
+        out.append(average / (1 - weight ** seen) if seen else None)
+    return out
+
+
+def _check_weight(smoothing: Any) -> float:
+    if isinstance(smoothing, bool) or not isinstance(smoothing, (int, float)) \
+            or not 0 <= smoothing < 1:
+        raise ValueError(f"smoothing is a weight from 0 (none) up to but not including 1, "
+                         f"not {smoothing!r}; 0.9 averages over about ten forwards")
+    return float(smoothing)
+
+
+def curve_figure(xs: Sequence[int], values: Sequence[float], *, name: str = "loss",
+                 title: str = "", smoothing: float = 0.9) -> Any:
+    """A curve raw and smoothed, forward index across: what ``progress`` and ``Live`` draw."""
+    graph_objects = go()
+    weight = _check_weight(smoothing)
+    clean = [v if math.isfinite(v) else None for v in values]
+    fig = graph_objects.Figure()
+    fig.add_trace(graph_objects.Scatter(
+        x=list(xs), y=clean, mode="lines", name=f"{name} (raw)",
+        line={"color": RAW, "width": 1},
+        hovertemplate=f"forward %{{x}}<br>{name} %{{y:.6g}}<extra>raw</extra>",
+    ))
+    fig.add_trace(graph_objects.Scatter(
+        x=list(xs), y=smoothed(values, weight), mode="lines", name=f"{name} (smoothed {weight:g})",
+        line={"color": SMOOTH, "width": 2.5},
+        hovertemplate="forward %{x}<br>smoothed %{y:.6g}<extra>smoothed</extra>",
+    ))
+    finite = [v for v in values if math.isfinite(v)]
+    # Losses spread over decades read better on a log axis.
+    log = bool(finite) and min(finite) > 0 and max(finite) / min(finite) >= 100
+    fig.update_layout(
+        title={"text": title, "x": 0.01, "xanchor": "left"}, template="plotly_white", font=FONT,
+        height=420, margin={"l": 70, "r": 30, "t": 70, "b": 55}, hovermode="x",
+        legend={"orientation": "h", "x": 1, "xanchor": "right", "y": 1.02, "yanchor": "bottom"},
+        xaxis={"title": "forward", "rangemode": "tozero"},
+        yaxis={"title": name + (" (log scale)" if log else ""), "type": "log" if log else "linear"},
+    )
+    if not values:
+        fig.add_annotation(text=f"no {name!r} facts to draw yet", showarrow=False,
+                           xref="paper", yref="paper", x=0.5, y=0.5, font={"size": 16})
+    return fig
+
+
+def progress(store: Any, run: str, *, fact: str = "loss", smoothing: float = 0.9) -> Any:
+    """A plotly figure of one fact over a run (the loss by default), raw and smoothed.
+
+    Read from the names alone when the run summarised the fact, so a long run draws
+    without opening its records. ``smoothing`` is the moving average's weight.
+    """
+    _check_weight(smoothing)
+    found = points(store, run, fact)
+    xs = [forward for forward, _ in found]
+    values = [value for _, value in found]
+    if values:
+        last = values[-1]
+        finite = [(v, x) for x, v in found if math.isfinite(v)]
+        best = min(finite) if finite else None
+        said = f"last {last:.4g}" + (f", lowest {best[0]:.4g} at forward {best[1]}" if best else "")
+        title = f"<b>{run}</b> — {fact} over {len(values)} forwards ({said})"
+    else:
+        title = f"<b>{run}</b> — no {fact!r} facts recorded"
+    return curve_figure(xs, values, name=fact, title=title, smoothing=smoothing)
+
+
+def _ms(us: float) -> str:
+    if us >= 1_000_000:
+        return f"{us / 1e6:.3g} s"
+    return f"{us / 1000:.3g} ms"
+
+
+def _bytes(count: int) -> str:
+    for unit, size in (("GB", 1 << 30), ("MB", 1 << 20), ("kB", 1 << 10)):
+        if count >= size:
+            return f"{count / size:.3g} {unit}"
+    return f"{count} B"
+
+
+def host_colours(hosts: Sequence[str | None]) -> dict[str | None, str]:
+    """One colour per host in order of appearance; nodes run here keep the first."""
+    colours: dict[str | None, str] = {None: HERE}
+    for host in hosts:
+        if host not in colours:
+            colours[host] = HOSTS[(len(colours) - 1) % len(HOSTS)]
+    return colours
+
+
+def spent(store: Any, run: str) -> Any:
+    """A plotly figure of where a run's time went: each node's total as a bar, largest
+    on top, coloured by host; below, the time and bytes sent to and received from each
+    host when the run crossed a wire."""
+    summed = tally(store, run)
+    graph_objects = go()
+    from plotly.subplots import make_subplots
+
+    ranked = sorted(summed.nodes.items(), key=lambda item: (-item[1]["total_us"], item[0]))
+    rows = 2 if summed.hops else 1
+    heights = [max(1, len(ranked)), max(1, len(summed.hops)) + 1] if rows == 2 else [1]
+    fig = make_subplots(rows=rows, cols=1, row_heights=heights, vertical_spacing=0.16,
+                        subplot_titles=["time in each node (ms, summed over the run)"]
+                        + (["time on the wire, by host (ms)"] if rows == 2 else []))
+    _node_bars(fig, graph_objects, ranked)
+    if summed.hops:
+        _hop_bars(fig, graph_objects, summed)
+    bars = len(ranked) + (2 * len(summed.hops) + 2 if summed.hops else 0)
+    fig.update_layout(
+        title={"text": _spent_title(run, summed), "x": 0.01, "xanchor": "left"},
+        template="plotly_white", font=FONT, barmode="group", bargap=0.25,
+        height=max(320, 160 + 34 * bars), margin={"l": 140, "r": 40, "t": 90, "b": 50},
+        legend={"orientation": "h", "x": 1, "xanchor": "right", "y": 1.0, "yanchor": "bottom"},
+    )
+    fig.update_xaxes(rangemode="tozero", row=1, col=1)
+    fig.update_annotations(selector={"text": "time in each node (ms, summed over the run)"},
+                           x=0, xanchor="left")
+    if not ranked:
+        fig.add_annotation(text="no node ran in this run", showarrow=False, xref="paper",
+                           yref="paper", x=0.5, y=0.5, font={"size": 16})
+    return fig
+
+
+def _spent_title(run: str, summed: Tally) -> str:
+    node_us = sum(entry["total_us"] for entry in summed.nodes.values())
+    wire_us = sum(h["sent_us"] + h["received_us"] for h in summed.hops.values())
+    said = [f"{summed.forwards} forwards", f"{_ms(summed.took_us)} end to end"]
+    if summed.took_us:
+        said.append(f"nodes {_ms(node_us)}")
+        if wire_us:
+            said.append(f"wire {_ms(wire_us)}")
+    if summed.failed:
+        said.append(f"{summed.failed} failed")
+    return f"<b>{run}</b> — where the time went ({', '.join(said)})"
+
+
+def _node_bars(fig: Any, graph_objects: Any, ranked: list[tuple[str, dict[str, Any]]]) -> None:
+    colours = host_colours([entry["host"] for _, entry in ranked])
+    by_host: dict[str | None, list[tuple[str, dict[str, Any]]]] = {}
+    for node, entry in ranked:
+        by_host.setdefault(entry["host"], []).append((node, entry))
+    order = [node for node, _ in ranked][::-1]  # largest at the top
+    for host, group in by_host.items():
+        fig.add_trace(graph_objects.Bar(
+            orientation="h", y=[n for n, _ in group], x=[e["total_us"] / 1000 for _, e in group],
+            name="here" if host is None else f"on {host}", marker_color=colours[host],
+            offsetgroup="nodes",  # one slot per node whatever its host
+            text=[f"{_ms(e['total_us'])} · {e['ran']}× · {_ms(e['mean_us'])} each"
+                  for _, e in group],
+            textposition="auto", cliponaxis=False,
+            customdata=[[e["ran"], e["recalled"], e["kept"], e["unneeded"], e["failed"],
+                         e["mean_us"] / 1000, host or "here"] for _, e in group],
+            hovertemplate=("<b>%{y}</b> (%{customdata[6]})<br>total %{x:.4g} ms<br>"
+                           "ran %{customdata[0]}×, mean %{customdata[5]:.4g} ms<br>"
+                           "recalled %{customdata[1]}×, kept %{customdata[2]}×<br>"
+                           "unneeded %{customdata[3]}×, failed %{customdata[4]}×<extra></extra>"),
+        ), row=1, col=1)
+    fig.update_yaxes(categoryorder="array", categoryarray=order, row=1, col=1)
+
+
+def _hop_bars(fig: Any, graph_objects: Any, summed: Tally) -> None:
+    hosts = list(summed.hops)
+    for way, colour in (("sent", "#e45756"), ("received", "#72b7b2")):
+        fig.add_trace(graph_objects.Bar(
+            orientation="h", y=hosts, x=[summed.hops[h][f"{way}_us"] / 1000 for h in hosts],
+            name=way, marker_color=colour, offsetgroup=way,
+            text=[f"{_bytes(summed.hops[h][f'{way}_bytes'])} in {summed.hops[h][way]} messages"
+                  for h in hosts],
+            textposition="auto",
+            hovertemplate=f"<b>%{{y}}</b><br>{way} %{{x:.4g}} ms<br>%{{text}}<extra></extra>",
+        ), row=2, col=1)
+    fig.update_xaxes(rangemode="tozero", row=2, col=1)
+    fig.update_annotations(selector={"text": "time on the wire, by host (ms)"}, x=0, xanchor="left")
+    fig.update_yaxes(autorange="reversed", row=2, col=1)

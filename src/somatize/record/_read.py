@@ -1,0 +1,270 @@
+"""Reading a run back: its forwards, their facts, and the sums over them.
+
+Listing a run is one scan of names (``store.bound``), which also hands over each
+binding's meta; that is where a summarised fact is read from, so a curve over ten
+thousand forwards opens no record at all. Everything per node opens every record
+of the run, once.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._errors import RecordError
+from ._recorder import FORMAT, check_run, flush_pending, forward_name
+
+__all__ = ["Run", "Tally", "curve", "facts", "forwards", "nodes", "run_of", "runs", "tally"]
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run in a store, as its names tell it: no record opened."""
+
+    name: str
+    forwards: int
+    first: float  # when its first forward was bound, epoch seconds
+    last: float  # when its last one was
+    summary: dict[str, Any] = field(default_factory=dict)  # the latest summarised values
+
+
+def _indexed(bounds: list[Any], prefix: str) -> list[tuple[int, Any]]:
+    """The bindings that are forwards of a run (``prefix/<digits>``), in forward order."""
+    out = []
+    cut = len(prefix) + 1
+    for bound in bounds:
+        rest = bound.name[cut:]
+        if rest.isdigit() and rest.isascii():
+            out.append((int(rest), bound))
+    out.sort(key=lambda pair: pair[0])
+    return out
+
+
+def _run(name: str, listed: list[tuple[int, Any]]) -> Run:
+    summary: dict[str, Any] = {}
+    for _, bound in listed:
+        for key, value in bound.meta.items():
+            if value is not None:
+                summary[key] = value
+    whens = [bound.when for _, bound in listed]
+    return Run(name, len(listed), min(whens), max(whens), summary)
+
+
+def runs(store: Any) -> list[Run]:
+    """Every run this store holds, sorted by name (default names sort by time)."""
+    grouped: dict[str, list[tuple[int, Any]]] = {}
+    for bound in store.bound("run"):
+        parts = bound.name.split("/")
+        if len(parts) == 3 and parts[2].isdigit() and parts[2].isascii():
+            grouped.setdefault(parts[1], []).append((int(parts[2]), bound))
+    return [_run(name, sorted(grouped[name], key=lambda pair: pair[0])) for name in sorted(grouped)]
+
+
+def run_of(store: Any, run: str) -> Run:
+    """One run as its names tell it; an unknown run is refused."""
+    return _run(run, listed(store, run))
+
+
+def _no_run(store: Any, run: str) -> RecordError:
+    known = [r.name for r in runs(store)]
+    if not known:
+        said = "it holds no runs yet (a Recorder(store) writes one)"
+    else:
+        shown = ", ".join(repr(n) for n in known[-10:])
+        more = f" and {len(known) - 10} older" if len(known) > 10 else ""
+        said = f"its runs are {shown}{more}"
+    return RecordError(f"the store at {_where(store)} has no run {run!r}; {said}")
+
+
+def _where(store: Any) -> str:
+    return str(getattr(store, "where", store))
+
+
+def listed(store: Any, run: str) -> list[tuple[int, Any]]:
+    """``(forward, Bound)`` for every forward of a run, in order; an unknown run is refused."""
+    prefix = f"run/{check_run(run)}"
+    flush_pending(store, run)
+    found = _indexed(store.bound(prefix), prefix)
+    if not found:
+        raise _no_run(store, run)
+    return found
+
+
+def forwards(store: Any, run: str) -> int:
+    """How many forwards a run has recorded."""
+    return len(listed(store, run))
+
+
+def read(store: Any, bound: Any) -> dict[str, Any]:
+    """One record, checked: JSON, a dict, and of a format this somatize reads."""
+    data = store.get(bound.digest)
+    if data is None:
+        raise RecordError(
+            f"record {bound.name} points at {bound.digest}, which the store at "
+            f"{_where(store)} does not have; the record is lost — bind the name again or remove it"
+        )
+    try:
+        record = json.loads(data)
+    except ValueError as exc:
+        raise RecordError(
+            f"record {bound.name} in {_where(store)} is not JSON ({exc}); it was not written "
+            "by a Recorder — bind that name to a record, or remove it"
+        ) from None
+    version = record.get("format") if type(record) is dict else None
+    if type(version) is not int or version < 1 or type(record.get("facts")) is not list:
+        raise RecordError(
+            f"record {bound.name} in {_where(store)} is JSON but not a record (a record is "
+            '{"format": 1, "run": ..., "forward": i, "facts": [...]}); it was not written by a Recorder'
+        )
+    if version > FORMAT:
+        from .. import __version__
+
+        raise RecordError(
+            f"record {bound.name} was written in record format {version}, and this somatize "
+            f"({__version__}) reads formats up to {FORMAT}; upgrade somatize to read it"
+        )
+    return record
+
+
+def facts(store: Any, run: str, forward: int) -> list[dict[str, Any]]:
+    """The facts of one forward, in the order they were said; ``forward=-1`` is the last."""
+    check_run(run)
+    if type(forward) is not int:
+        raise TypeError(f"forward is an index (an int), not a {type(forward).__qualname__}")
+    flush_pending(store, run)
+    bound = store.resolve(forward_name(run, forward)) if forward >= 0 else None
+    if bound is None:
+        found = listed(store, run)
+        count = len(found)
+        if -count <= forward < 0:
+            bound = found[forward][1]
+        else:
+            raise RecordError(
+                f"run {run!r} has forwards 0 to {count - 1} (or -{count} to -1 from the end); "
+                f"there is no forward {forward}"
+            )
+    return read(store, bound)["facts"]
+
+
+@dataclass
+class Tally:
+    """A run summed over all its records: per node, per host crossed, per forward."""
+
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    hops: dict[str, dict[str, int]] = field(default_factory=dict)
+    forwards: int = 0
+    took_us: int = 0  # all forwards, end to end
+    failed: int = 0  # forwards that raised
+
+
+_NODE_COUNTS = ("ran", "recalled", "kept", "unneeded", "failed")
+
+
+def _node(tally: Tally, node: str) -> dict[str, Any]:
+    entry = tally.nodes.get(node)
+    if entry is None:
+        entry = tally.nodes[node] = {**dict.fromkeys(_NODE_COUNTS, 0), "items": 0,
+                                     "total_us": 0, "mean_us": 0.0, "host": None}
+    return entry
+
+
+def _hop(tally: Tally, host: str) -> dict[str, int]:
+    entry = tally.hops.get(host)
+    if entry is None:
+        entry = tally.hops[host] = dict.fromkeys(
+            ("sent", "sent_bytes", "sent_us", "received", "received_bytes", "received_us"), 0)
+    return entry
+
+
+def _count(tally: Tally, fact: dict[str, Any]) -> None:
+    kind = fact.get("fact")
+    if kind in _NODE_COUNTS and isinstance(fact.get("node"), str):
+        entry = _node(tally, fact["node"])
+        entry[kind] += 1
+        if kind == "ran":
+            entry["total_us"] += _int(fact.get("took_us"))
+            entry["items"] += _int(fact.get("items"))
+            if fact.get("host") is not None:
+                entry["host"] = fact["host"]
+    elif kind in ("sent", "received") and isinstance(fact.get("host"), str):
+        entry = _hop(tally, fact["host"])
+        entry[kind] += 1
+        entry[f"{kind}_bytes"] += _int(fact.get("bytes"))
+        entry[f"{kind}_us"] += _int(fact.get("took_us"))
+    elif kind == "finished":
+        tally.took_us += _int(fact.get("took_us"))
+        tally.failed += bool(fact.get("failed"))
+
+
+def _int(value: Any) -> int:
+    return value if type(value) is int else int(value) if isinstance(value, (int, float)) else 0
+
+
+def tally(store: Any, run: str) -> Tally:
+    """Every record of a run read once and summed."""
+    out = Tally()
+    for _, bound in listed(store, run):
+        for fact in read(store, bound)["facts"]:
+            if type(fact) is dict:
+                _count(out, fact)
+        out.forwards += 1
+    for entry in out.nodes.values():
+        entry["mean_us"] = entry["total_us"] / entry["ran"] if entry["ran"] else 0.0
+    return out
+
+
+def nodes(store: Any, run: str) -> dict[str, dict[str, Any]]:
+    """Per node, in the order first seen: how often it ``ran``, was ``recalled``,
+    ``kept``, ``unneeded`` or ``failed``; the ``items`` a mapped node was handed;
+    ``total_us`` spent running and ``mean_us`` per time it ran; the ``host`` it ran
+    on (None for here)."""
+    return tally(store, run).nodes
+
+
+def points(store: Any, run: str, fact: str = "loss", field: str = "value") -> list[tuple[int, float]]:
+    """``(forward, value)`` for each forward that said ``fact``, its last one, in order.
+
+    A forward whose binding summarised the fact is read from its meta (None there
+    means the forward never said it); only the others are opened.
+    """
+    if type(fact) is not str or type(field) is not str:
+        raise TypeError("fact and field are names (str), e.g. curve(store, run, 'loss')")
+    out = []
+    for forward, bound in listed(store, run):
+        if fact in bound.meta:
+            value = bound.meta[fact]
+            if isinstance(value, dict):
+                value = value.get(field)
+            elif field != "value":
+                value = None
+        else:
+            value = _last(read(store, bound)["facts"], fact, field)
+        if value is not None:
+            out.append((forward, _number(value, bound.name, fact, field)))
+    return out
+
+
+def _last(said: list[Any], fact: str, field: str) -> Any:
+    for one in reversed(said):
+        if type(one) is dict and one.get("fact") == fact:
+            return one.get(field)
+    return None
+
+
+def _number(value: Any, where: str, fact: str, field: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise RecordError(f"{where}: the {fact!r} fact's {field!r} is {value!r}, not a number")
+    try:
+        return float(value)
+    except ValueError:
+        raise RecordError(f"{where}: the {fact!r} fact's {field!r} is {value!r}, not a number") from None
+
+
+def curve(store: Any, run: str, fact: str = "loss", *, field: str = "value") -> list[float]:
+    """The values of one fact over a run, one per forward that said it, in forward order.
+
+    ``field`` picks another number of the fact (``curve(store, run, "finished",
+    field="took_us")``). Summarised facts are read from names alone.
+    """
+    return [value for _, value in points(store, run, fact, field)]

@@ -1,0 +1,308 @@
+"""The Recorder against a real directory store: one record per forward, written when
+the forward finishes, late facts in the forward they belong to, nothing lost at exit."""
+
+import gc
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+
+import somatize
+from somatize import Graph, Node, RecordError, UnwritableError
+from somatize.record import Recorder
+from somatize.store import Store
+
+SRC = os.path.dirname(os.path.dirname(somatize.__file__))
+
+
+class Body(Node):
+    def forward(self, x, ctx):
+        return x + 1
+
+
+class Head(Node):
+    def forward(self, x, ctx):
+        return x * 2
+
+
+class Boom(Node):
+    def forward(self, x, ctx):
+        raise ValueError("no")
+
+
+def two_nodes():
+    return Graph.somatize(Body().named("body") >> Head().named("head"))
+
+
+def record_of(store, name):
+    bound = store.resolve(name)
+    assert bound is not None, name
+    return json.loads(store.get(bound.digest)), bound
+
+
+@pytest.fixture
+def store(tmp_path):
+    return Store(tmp_path / "store")
+
+
+def test_one_record_per_forward_bound_as_run_name_index(store):
+    g = two_nodes()
+    recorder = Recorder(store, run="r")
+    seen = []
+    for i in range(3):
+        g.forward(i, watching=[recorder, seen.append])
+    names = [b.name for b in store.bound("run/r")]
+    assert names == ["run/r/0", "run/r/1", "run/r/2"]
+    for i in range(3):
+        record, _ = record_of(store, f"run/r/{i}")
+        assert record["format"] == 1 and record["run"] == "r" and record["forward"] == i
+        kinds = [f["fact"] for f in record["facts"]]
+        assert kinds == ["began", "ran", "ran", "finished"]
+        assert record["facts"] == seen[4 * i: 4 * i + 4]
+
+
+def test_a_forward_is_resolvable_the_moment_it_returns(store):
+    recorder = Recorder(store)
+    two_nodes().forward(1, watching=recorder)
+    record, _ = record_of(store, f"run/{recorder.run}/0")
+    assert record["facts"][-1]["fact"] == "finished"
+
+
+def test_late_facts_land_in_their_forward_at_the_next_began(store):
+    g = two_nodes()
+    recorder = Recorder(store, run="r")
+    g.forward(1, watching=recorder)
+    recorder({"fact": "updated"})
+    recorder({"fact": "loss", "value": 0.5})
+    first, _ = record_of(store, "run/r/0")
+    assert [f["fact"] for f in first["facts"]][-1] == "finished"  # not rewritten per late fact
+    g.forward(2, watching=recorder)
+    first, _ = record_of(store, "run/r/0")
+    second, _ = record_of(store, "run/r/1")
+    assert [f["fact"] for f in first["facts"]][-3:] == ["finished", "updated", "loss"]
+    assert [f["fact"] for f in second["facts"]] == ["began", "ran", "ran", "finished"]
+
+
+def test_flush_writes_late_facts_without_a_new_forward(store):
+    recorder = Recorder(store, run="r", summarising=["loss"])
+    two_nodes().forward(1, watching=recorder)
+    recorder({"fact": "loss", "value": 0.25})
+    recorder.flush()
+    record, bound = record_of(store, "run/r/0")
+    assert record["facts"][-1] == {"fact": "loss", "value": 0.25}
+    assert bound.meta == {"loss": 0.25}
+
+
+def test_summarising_copies_the_last_value_into_meta(store):
+    g = two_nodes()
+    recorder = Recorder(store, run="r", summarising=["loss", "accuracy"])
+    g.forward(1, watching=recorder)
+    recorder({"fact": "loss", "value": 2.0})
+    recorder({"fact": "loss", "value": 1.5})
+    recorder({"fact": "accuracy", "value": 0.75, "of": 64})
+    g.forward(2, watching=recorder)  # a forward that says neither
+    recorder.close()
+    assert store.resolve("run/r/0").meta == {"loss": 1.5, "accuracy": 0.75}
+    assert store.resolve("run/r/1").meta == {"loss": None, "accuracy": None}
+
+
+def test_a_summarised_fact_without_a_value_keeps_its_fields(store):
+    recorder = Recorder(store, run="r", summarising=["health"])
+    two_nodes().forward(1, watching=recorder)
+    recorder({"fact": "health", "where": "body", "act_mean": 0.5, "shape": (2, 3)})
+    recorder.close()
+    assert store.resolve("run/r/0").meta == {"health": {"where": "body", "act_mean": 0.5, "shape": [2, 3]}}
+
+
+def test_default_run_names_are_unique_and_sort_by_time(store):
+    names = [Recorder(store).run for _ in range(40)]
+    assert len(set(names)) == 40
+    assert names == sorted(names)
+    assert all(re.fullmatch(r"\d{8}T\d{6}\.\d{6}-[0-9a-f]{6}", n) for n in names)
+
+
+def test_close_writes_what_is_left_and_then_refuses(store):
+    recorder = Recorder(store, run="r")
+    two_nodes().forward(1, watching=recorder)
+    recorder({"fact": "loss", "value": 1.0})
+    recorder.close()
+    record, _ = record_of(store, "run/r/0")
+    assert record["facts"][-1]["fact"] == "loss"
+    with pytest.raises(RecordError, match="'r' is closed"):
+        recorder({"fact": "loss", "value": 2.0})
+    recorder.close()  # closing twice is harmless
+
+
+def test_what_was_not_written_is_written_at_interpreter_exit(tmp_path):
+    where = tmp_path / "store"
+    script = textwrap.dedent(f"""
+        from somatize import Graph, Node
+        from somatize.record import Recorder
+        from somatize.store import Store
+
+        class Body(Node):
+            def forward(self, x, ctx):
+                return x + 1
+
+        recorder = Recorder(Store({str(where)!r}), run="exiting")
+        g = Graph.somatize(Body())
+        for i in range(3):
+            g.forward(i, watching=recorder)
+            recorder({{"fact": "loss", "value": i / 10}})
+        # no close(), no flush(): the interpreter just ends
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHONPATH": SRC}, check=False)
+    assert done.returncode == 0, done.stderr
+    store = Store(where)
+    last, _ = record_of(store, "run/exiting/2")
+    assert last["facts"][-1] == {"fact": "loss", "value": 0.2}
+
+
+def test_a_collected_recorder_writes_what_it_held(store):
+    recorder = Recorder(store, run="r")
+    two_nodes().forward(1, watching=recorder)
+    recorder({"fact": "loss", "value": 3.0})
+    del recorder
+    gc.collect()
+    record, _ = record_of(store, "run/r/0")
+    assert record["facts"][-1]["fact"] == "loss"
+
+
+def test_facts_from_many_threads_are_all_kept_once(store):
+    recorder = Recorder(store, run="r")
+    g = two_nodes()
+    threads, per_thread = 6, 150
+
+    def talk(t):
+        for i in range(per_thread):
+            recorder({"fact": "note", "thread": t, "i": i})
+
+    workers = [threading.Thread(target=talk, args=(t,)) for t in range(threads)]
+    for w in workers:
+        w.start()
+    for i in range(40):
+        g.forward(i, watching=recorder)
+    for w in workers:
+        w.join()
+    recorder.close()
+    notes, forwards = [], 0
+    for bound in store.bound("run/r"):
+        record = json.loads(store.get(bound.digest))
+        assert record["forward"] == int(bound.name.rsplit("/", 1)[1])
+        notes += [(f["thread"], f["i"]) for f in record["facts"] if f["fact"] == "note"]
+        forwards += sum(f["fact"] == "began" for f in record["facts"])
+    assert sorted(notes) == [(t, i) for t in range(threads) for i in range(per_thread)]
+    assert forwards == 40
+
+
+def test_a_run_that_exists_is_continued_after_its_last_forward(store):
+    g = two_nodes()
+    first = Recorder(store, run="r")
+    g.forward(1, watching=first)
+    g.forward(2, watching=first)
+    first.close()
+    again = Recorder(store, run="r")
+    g.forward(3, watching=again)
+    assert [b.name for b in store.bound("run/r")] == ["run/r/0", "run/r/1", "run/r/2"]
+    assert record_of(store, "run/r/2")[0]["forward"] == 2
+
+
+def test_a_forward_index_taken_meanwhile_is_skipped_not_overwritten(store):
+    g = two_nodes()
+    one, two = Recorder(store, run="shared"), Recorder(store, run="shared")
+    g.forward(10, watching=one, stamping={"by": "one"})
+    g.forward(20, watching=two, stamping={"by": "two"})
+    zero, _ = record_of(store, "run/shared/0")
+    taken, _ = record_of(store, "run/shared/1")
+    assert zero["forward"] == 0 and {f["by"] for f in zero["facts"]} == {"one"}
+    assert taken["forward"] == 1 and {f["by"] for f in taken["facts"]} == {"two"}
+
+
+def test_stamping_and_a_failing_forward_are_recorded(store):
+    recorder = Recorder(store, run="r")
+    g = Graph.somatize(Body() >> Boom())
+    with pytest.raises(somatize.NodeError):
+        g.forward(1, watching=recorder, stamping={"epoch": "3"})
+    record, _ = record_of(store, "run/r/0")
+    assert all(f["epoch"] == "3" for f in record["facts"])
+    assert [f["fact"] for f in record["facts"]] == ["began", "ran", "failed", "finished"]
+    assert record["facts"][-1]["failed"] is True
+
+
+def test_a_directory_is_a_store_and_a_durable_one_is_written_without_fsync(tmp_path):
+    by_path = Recorder(str(tmp_path / "a"), run="r")
+    two_nodes().forward(1, watching=by_path)
+    assert Store(tmp_path / "a").resolve("run/r/0") is not None
+    durable = Store(tmp_path / "b")
+    recorder = Recorder(durable, run="r")
+    assert recorder.store.backend.durable is False and durable.backend.durable is True
+    assert recorder.store.where == durable.where
+
+
+def test_values_with_a_tolist_are_written_plainly(store):
+    numpy = pytest.importorskip("numpy")
+    recorder = Recorder(store, run="r", summarising=["loss"])
+    two_nodes().forward(1, watching=recorder)
+    recorder({"fact": "loss", "value": numpy.float32(0.5), "per_class": numpy.arange(3)})
+    recorder.close()
+    record, bound = record_of(store, "run/r/0")
+    assert record["facts"][-1] == {"fact": "loss", "value": 0.5, "per_class": [0, 1, 2]}
+    assert bound.meta == {"loss": 0.5}
+
+
+def test_an_unwritable_fact_is_refused_and_changes_nothing(store):
+    recorder = Recorder(store, run="r")
+    g = two_nodes()
+    g.forward(1, watching=recorder)
+    with pytest.raises(UnwritableError, match=r"'loss' fact holds 'value' = builtins.object"):
+        recorder({"fact": "loss", "value": object()})
+    with pytest.raises(UnwritableError, match=r"has the key \(1, 2\)"):
+        recorder({"fact": "loss", (1, 2): 3})
+    recorder.flush()
+    record, _ = record_of(store, "run/r/0")
+    assert [f["fact"] for f in record["facts"]] == ["began", "ran", "ran", "finished"]
+
+
+@pytest.mark.parametrize("fact, message", [
+    ("loss", "a fact is a dict"),
+    ({"value": 1.0}, "names itself with a str under 'fact'"),
+    ({"fact": 3}, "names itself with a str under 'fact'"),
+])
+def test_what_is_not_a_fact_is_refused(store, fact, message):
+    recorder = Recorder(store, run="r")
+    with pytest.raises(TypeError, match=message):
+        recorder(fact)
+    assert store.bound("run/r") == []
+
+
+@pytest.mark.parametrize("run", ["a/b", "", "..", "tab\there"])
+def test_a_run_name_must_be_one_word(store, run):
+    with pytest.raises(RecordError, match="cannot name a run"):
+        Recorder(store, run=run)
+
+
+def test_bad_arguments_are_refused_by_name(store):
+    with pytest.raises(TypeError, match="a run is named by a str"):
+        Recorder(store, run=3)
+    with pytest.raises(TypeError, match=r"\['loss'\], not a str"):
+        Recorder(store, summarising="loss")
+    with pytest.raises(TypeError, match="not a dict: it has no put"):
+        Recorder({}, run="r")
+
+
+def test_facts_said_before_the_first_forward_open_it(store):
+    recorder = Recorder(store, run="r")
+    recorder({"fact": "note", "said": "before"})
+    two_nodes().forward(1, watching=recorder)
+    record, _ = record_of(store, "run/r/0")
+    assert [f["fact"] for f in record["facts"]] == ["note", "began", "ran", "ran", "finished"]
+    alone = Recorder(store, run="alone")
+    alone({"fact": "note"})
+    alone.close()
+    assert record_of(store, "run/alone/0")[0]["facts"] == [{"fact": "note"}]
