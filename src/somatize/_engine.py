@@ -240,13 +240,25 @@ def settle(value: Any, who: str) -> Any:
 def execute(graph: Any, input: Any = None, *, broker: Any = None, store: Any = None,
             watching: Any = None, stamping: dict[str, Any] | None = None,
             nodes: Iterable[str] | None = None, given: dict[str, Any] | None = None,
-            want: Iterable[str] | None = None, here: bool = False) -> Any:
+            want: Iterable[str] | None = None, here: bool = False,
+            transposed: bool = False, framed: bool = True, since: int | None = None) -> Any:
     """Runs a graph (or the part of it named by ``nodes``) and returns its answer.
 
     ``given`` hands in values for predecessors outside ``nodes``; ``want`` says which
     outputs to answer with (as a dict) instead of the leaves; ``here`` runs every node
     in this process whatever its host (what a worker does with its slice).
+
+    For whoever drives a graph in pieces (a trainer, stage by stage): ``transposed``
+    walks ``nodes`` against their edges (see ``_transpose``); ``framed=False`` leaves
+    out ``began``/``finished``, so that several walks make one forward in the record,
+    with ``since`` (a ``perf_counter_ns`` reading) as the start their times count from.
     """
+    if transposed:
+        from ._transpose import walk_back
+
+        return walk_back(graph, nodes, given or {}, want or [], broker=broker, here=here,
+                         emit=_emitter(watching, stamping), stamping=stamping,
+                         since=time.perf_counter_ns() if since is None else since)
     prog = program(graph)
     route = prog.route(nodes, here)
     emit = _emitter(watching, stamping)
@@ -276,8 +288,8 @@ def execute(graph: Any, input: Any = None, *, broker: Any = None, store: Any = N
         )
 
     forward_id = uuid.uuid4().hex if route.away else None
-    began = time.perf_counter_ns()
-    if emit is not None:
+    began = time.perf_counter_ns() if since is None else since
+    if emit is not None and framed:
         emit({"fact": "began", "at_us": time.time_ns() // 1000})
     try:
         if route.away:
@@ -289,11 +301,11 @@ def execute(graph: Any, input: Any = None, *, broker: Any = None, store: Any = N
                 _meanwhile(prog, order, remotes, vals, value, broker, memory, emit, began,
                            stamping, forward_id)
     except BaseException:
-        if emit is not None:
+        if emit is not None and framed:
             emit({"fact": "finished", "took_us": (time.perf_counter_ns() - began) // 1000,
                   "failed": True})
         raise
-    if emit is not None:
+    if emit is not None and framed:
         emit({"fact": "finished", "took_us": (time.perf_counter_ns() - began) // 1000})
     if want is not None:
         return {prog.ids[i]: _read(vals[i], prog.ids[i]) for i in wanted}
@@ -423,22 +435,37 @@ def _meanwhile(prog: Program, order: list[int], remotes: list[Away], vals: list[
     value in ``given`` may be a LostValue: the broker resolves it where it stayed,
     or raises Lost.
     """
-    def job(away: Away) -> Any:
+    if isinstance(broker, dict):  # forward(broker={host: Worker}) as well as a Broker
+        from .wire import Broker
+
+        broker = Broker.embedded(broker)
+
+    def job(away: Away) -> tuple[Any, Exception | None]:
         given = {p: vals[prog.index[p]] for p in away.given}
-        return broker._run_slice(away.host, prog.graph, away.nodes, given=given,
-                                 input=value, needs_input=away.needs_input,
-                                 wanted=away.wanted, watching=emit is not None,
-                                 stamping=stamping, forward=forward_id)
+        try:
+            return broker._run_slice(away.host, prog.graph, away.nodes, given=given,
+                                     input=value, needs_input=away.needs_input,
+                                     wanted=away.wanted, watching=emit is not None,
+                                     stamping=stamping, forward=forward_id), None
+        except Exception as exc:  # raised below, once what the worker saw is told
+            return None, exc
 
     if len(remotes) == 1 and not order:
-        outcomes = [job(remotes[0])]
+        settled = [job(remotes[0])]
     else:
         with ThreadPoolExecutor(max_workers=len(remotes)) as pool:
             futures = [pool.submit(job, away) for away in remotes]
             if order:
                 _walk(prog, order, vals, value, memory, emit, began)
-            outcomes = [f.result() for f in futures]
-    for away, outcome in zip(remotes, outcomes):
+            settled = [f.result() for f in futures]
+    failure = None
+    for away, (outcome, error) in zip(remotes, settled):
+        if error is not None:
+            failure = failure or error
+            if emit is not None:
+                for fact in getattr(error, "facts", ()):
+                    emit(fact)
+            continue
         for node_id in away.wanted:
             at = prog.index[node_id]
             if node_id in outcome.values:
@@ -449,6 +476,8 @@ def _meanwhile(prog: Program, order: list[int], remotes: list[Away], vals: list[
         if emit is not None:
             for fact in outcome.facts:
                 emit(fact)
+    if failure is not None:
+        raise failure
 
 
 def foresee(graph: Any, input: Any = None, *, store: Any = None) -> dict[str, Any]:

@@ -10,6 +10,10 @@ can be trained in several ways without being touched::
                 optimizer=torch.optim.Adam(parameters(g), lr=1e-3))
     t.fit(data, epochs=10)
 
+``trains={"body": Split(SGD, lr=0.1)}`` trains a node where it runs — on a worker,
+say — through a ``Learning`` that stands beside it; ``architecture`` and ``proxies``
+say what a network is made of and rank candidates before any training.
+
 Importing it also registers how a tensor is written down (``somatize.torch._codec``),
 which is what lets a graph key, keep and recall tensors. The name does not shadow
 the real torch: imports are absolute, so ``import torch`` in here is the usual one.
@@ -18,10 +22,30 @@ the real torch: imports are absolute, so ``import torch`` in here is the usual o
 from __future__ import annotations
 
 from .._errors import NoGradient, OutOfStep
+from ._architecture import architecture, kind_of, traced
 from ._codec import register as _register
+from ._learning import Learning, Split, envelope, gradient
+from ._proxies import EVERY, proxies, proxy
 from ._trainer import Result, Trainer
 from ._weights import freeze, parameters
 
 _register()
 
-__all__ = ["NoGradient", "OutOfStep", "Result", "Trainer", "freeze", "parameters"]
+__all__ = [
+    "EVERY",
+    "Learning",
+    "NoGradient",
+    "OutOfStep",
+    "Result",
+    "Split",
+    "Trainer",
+    "architecture",
+    "envelope",
+    "freeze",
+    "gradient",
+    "kind_of",
+    "parameters",
+    "proxies",
+    "proxy",
+    "traced",
+]

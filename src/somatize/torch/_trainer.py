@@ -17,13 +17,14 @@ the weights, which live in the nodes and always did.
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from .._errors import CacheError, DeclarationError, NoGradient
+from .._errors import CacheError, DeclarationError, NodeError, NoGradient, OutOfStep
 from .._graph import Graph
 from .._node import Opaque
 from ._weights import Weights, freeze, has_parameters, held, load_into, snapshot
@@ -65,7 +66,7 @@ class Trainer:
                  optimizer: Any = None, trains: Mapping[str, Any] | None = None,
                  every: int = 1, micro: int = 1, store: Any = None, broker: Any = None,
                  watching: Any = None, auditing: Any = None):
-        _not_yet(graph, trains, broker, auditing)
+        _not_yet(graph, auditing)
         if not callable(objective):
             raise DeclarationError(
                 f"objective= is a {type(objective).__qualname__}, which cannot be called; "
@@ -78,12 +79,21 @@ class Trainer:
         self._watching = self._watchers or None  # as the walk wants it: None is cheapest
         frozen = set(graph.frozen())
         _check_caches(graph, frozen)
-        _check_optimizer(graph, optimizer, frozen)
+        trains = _check_trains(graph, trains, optimizer, frozen)
+        _check_optimizer(graph, optimizer, frozen, elsewhere=set(trains) | set(graph.hosts()))
         if store is not None:
             from .._remember import open_store
 
             store = open_store(store)
         freeze(graph)
+        self._broker = broker
+        self._staged = None
+        if trains:  # driven in stages only when something is trained where it runs
+            from ._staged import Staged
+
+            self._staged = Staged(graph, trains, broker=broker, store=store,
+                                  steps_per_update=self._every * self._micro)
+        self._since = 0
         self._graph = graph
         self._objective = objective
         self._optimizer = optimizer
@@ -129,6 +139,9 @@ class Trainer:
         """
         if self._taken == 0:
             return False
+        if self._staged is not None:
+            with _out_of_step():
+                self._staged.close(self._watching, time.perf_counter_ns())
         self._close()
         return True
 
@@ -170,11 +183,28 @@ class Trainer:
 
     # -- the four movements -------------------------------------------------------------
     def _open(self) -> None:
-        self._optimizer.zero_grad()
+        if self._optimizer is not None:
+            self._optimizer.zero_grad()
 
     def _forward(self, x: Any) -> Any:
-        return self._graph.forward(x if type(x) is Opaque else Opaque(x), store=self._store,
-                                   watching=self._watching)
+        x = x if type(x) is Opaque else Opaque(x)
+        if self._staged is None:
+            return self._graph.forward(x, store=self._store, watching=self._watching,
+                                       broker=self._broker)
+        # One forward in the record, however many stages it takes.
+        self._since = time.perf_counter_ns()
+        if self._watchers:
+            self._emit({"fact": "began", "at_us": time.time_ns() // 1000})
+        failed = True
+        try:
+            with _out_of_step():
+                output = self._staged.forward(x, self._watching, self._since)
+            failed = False
+        finally:
+            if self._watchers:
+                took = (time.perf_counter_ns() - self._since) // 1000
+                self._emit({"fact": "finished", "took_us": took, **({"failed": True} if failed else {})})
+        return output
 
     def _loss(self, output: Any, target: Any) -> torch.Tensor:
         if (isinstance(output, torch.Tensor) and isinstance(target, torch.Tensor)
@@ -193,12 +223,16 @@ class Trainer:
         if self._every != 1:
             loss = loss / self._every
         loss.backward()
+        if self._staged is not None:
+            with _out_of_step():
+                self._staged.backward(self._watching, self._since)
 
     def _close(self) -> None:
-        if not self._checked:
-            _check_gradients(self._graph, self._optimizer)
-            self._checked = True
-        self._optimizer.step()
+        if self._optimizer is not None:
+            if not self._checked:
+                _check_gradients(self._graph, self._optimizer)
+                self._checked = True
+            self._optimizer.step()
         self._taken = 0
         if self._watchers:
             self._emit({"fact": "updated"})
@@ -228,24 +262,61 @@ class Trainer:
 
 
 # -- refusals when the Trainer is built --------------------------------------------------
-def _not_yet(graph: Any, trains: Any, broker: Any, auditing: Any) -> None:
+def _not_yet(graph: Any, auditing: Any) -> None:
     if not isinstance(graph, Graph):
         raise TypeError(f"Trainer takes a somatize Graph, not a {type(graph).__qualname__}; "
                         "build one with Graph.somatize(...)")
-    if trains:
-        raise DeclarationError(f"trains= names {sorted(trains)}: {_LATER}; train those "
-                               "nodes here, in the optimizer, for now")
-    if broker is not None:
-        raise DeclarationError(f"broker= was given: {_LATER}; train the graph in this "
-                               "process for now")
     if auditing not in (None, False):
         raise DeclarationError("auditing= was given: the audit of a training run is not "
                                "built yet (a later issue); train without it for now")
-    hosts = graph.hosts()
-    if hosts:
-        node_id, host = next(iter(hosts.items()))
-        raise DeclarationError(f"node {node_id!r} is sent to host {host!r}: {_LATER}; "
-                               f"drop .at({host!r}) to train it here")
+
+
+def _check_trains(graph: Graph, trains: Any, optimizer: Any,
+                  frozen: set[str]) -> dict[str, Any]:
+    """What ``trains=`` says, refused where it would make a run wrong without failing."""
+    if not trains:
+        return {}
+    from ._learning import Learning
+
+    if not isinstance(trains, Mapping):
+        raise TypeError("trains= maps node ids to what trains them: {'body': Split(SGD, lr=0.1)}")
+    holds = set() if optimizer is None else {
+        id(p) for group in optimizer.param_groups for p in group["params"]}
+    seen: dict[int, str] = {}
+    for node_id, learning in trains.items():
+        if node_id not in graph.nodes():
+            raise DeclarationError(
+                f"trains= names {node_id!r}, which is not a node of this graph; its nodes "
+                f"are {', '.join(map(repr, graph.nodes()))}")
+        if not isinstance(learning, Learning):
+            raise TypeError(f"trains[{node_id!r}] is a {type(learning).__qualname__}; what "
+                            "trains a node is a Learning, such as Split(torch.optim.SGD, lr=0.1)")
+        if id(learning) in seen:
+            raise DeclarationError(f"one {type(learning).__qualname__} is given for both "
+                                   f"{seen[id(learning)]!r} and {node_id!r}; give each its own")
+        seen[id(learning)] = node_id
+        if node_id in frozen:
+            raise DeclarationError(
+                f"node {node_id!r} is frozen and trained: one says its state does not "
+                "change, the other changes it every step; drop .frozen() or drop it from trains=")
+        impl = graph.implementation(node_id)
+        if not callable(getattr(impl, "parameters", None)):
+            raise DeclarationError(
+                f"node {node_id!r} ({type(impl).__qualname__}) is trained but does not say "
+                "what its parameters are; give it a parameters() method answering its tensors")
+        producers = graph.predecessors(node_id)
+        if len(producers) > 1:
+            raise DeclarationError(
+                f"node {node_id!r} is trained and has {len(producers)} producers "
+                f"({', '.join(map(repr, producers))}); a trainer hands one gradient back, so "
+                "join them in a node of their own first")
+        twice = [p for p in held(impl, node_id) if id(p) in holds]
+        if twice:
+            raise DeclarationError(
+                f"the optimizer holds parameters of {node_id!r}, which trains= also trains: "
+                "it would be updated twice for one gradient; build the optimizer over "
+                "parameters(g, without=trains)")
+    return dict(trains)
 
 
 def _count(name: str, value: Any, meaning: str, of: str = "Trainer") -> int:
@@ -282,7 +353,10 @@ def _check_caches(graph: Graph, frozen: set[str]) -> None:
                 )
 
 
-def _check_optimizer(graph: Graph, optimizer: Any, frozen: set[str]) -> None:
+def _check_optimizer(graph: Graph, optimizer: Any, frozen: set[str],
+                     elsewhere: set[str] = frozenset()) -> None:
+    """``elsewhere``: nodes whose weights somebody else updates (a trainer in
+    ``trains=``) or that run on a worker, where the copy here is not what runs."""
     if optimizer is not None and not all(
             hasattr(optimizer, a) for a in ("param_groups", "zero_grad", "step")):
         raise TypeError(f"optimizer= takes a torch.optim.Optimizer, not a "
@@ -301,13 +375,13 @@ def _check_optimizer(graph: Graph, optimizer: Any, frozen: set[str]) -> None:
                 )
     idle = {}
     for node_id in graph.nodes():
-        if node_id in frozen:
+        if node_id in frozen or node_id in elsewhere:
             continue
         left = [p for p in held(graph.implementation(node_id), node_id)
                 if id(p) not in holds and id(p) not in settled and p.requires_grad]
         if left:
             idle[node_id] = len(left)
-    if not holds:
+    if not holds and not (elsewhere and not idle):
         raise DeclarationError(_nothing_to_train(optimizer, idle))
     if idle:
         node_id, count = next(iter(idle.items()))
@@ -443,3 +517,17 @@ def _has(module: str) -> bool:
     from importlib.util import find_spec
 
     return find_spec(module) is not None
+
+
+class _out_of_step:
+    """Turns a trainer's OutOfStep that crossed as a node's failure back into itself."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, error: Any, trace: Any) -> bool:
+        if isinstance(error, NodeError) and (error.kind == "OutOfStep"
+                                             or isinstance(error.__cause__, OutOfStep)):
+            where = f" on host {error.host!r}" if error.host else ""
+            raise OutOfStep(f"{error}{where}") from error
+        return False

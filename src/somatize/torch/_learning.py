@@ -1,0 +1,239 @@
+"""The Learning hole: what trains one node, on the machine that node runs on.
+
+A trainer stands in two positions around the node it trains (``beside``): in front,
+where it turns the input into a leaf a gradient can be asked of (``entering``), and
+behind, under the node's own id, where it keeps the activation and lets go of it —
+what goes on is detached, which is what makes the node's output a cut. Walked back
+(``somatize._transpose``), the position behind is handed an envelope holding
+dL/d(what the node produced); ``learn`` does what the technique does with it and
+answers dL/d(what the node was given), which the position in front passes on.
+
+Everything here is rebuilt on another machine by pickle, which never calls
+``__init__``: what a rebuilt object reads before being told is a class attribute,
+and the optimizer is built at first use over the parameters that are *there*.
+
+An envelope is one reserved key, ``__soma_envelope__``, holding ``[gradient or None,
+closing]``: a dict, so it is data and crosses an edge and a wire as any value does,
+and telling one from an input is one dict lookup.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .._errors import OutOfStep
+from .._node import Ctx, Node, Opaque
+
+__all__ = ["Enters", "Learning", "Split", "carries", "envelope", "gradient", "is_envelope"]
+
+KEY = "__soma_envelope__"
+
+
+def envelope(gradient: Any, closing: bool = False) -> dict[str, Any]:
+    """A gradient in its envelope, the way one crosses an edge. ``closing`` says this
+    one ends a group of accumulated steps, so whoever accumulates applies what it has."""
+    return {KEY: [None if gradient is None else Opaque(gradient), bool(closing)]}
+
+
+def is_envelope(value: Any) -> bool:
+    return type(value) is dict and KEY in value
+
+
+def carries(value: Any) -> bool:
+    """Whether a value is a backward message: an envelope, or a map of them."""
+    return type(value) is dict and (KEY in value or (
+        bool(value) and all(type(v) is dict and KEY in v for v in value.values())))
+
+
+def _inside(value: Any) -> Any:
+    carried = value[KEY][0]
+    return carried.value if type(carried) is Opaque else carried
+
+
+def gradient(value: Any, device: str | torch.device | None = None) -> torch.Tensor | None:
+    """What an envelope carries, or the sum of what a map of them carries, as a tensor
+    on ``device``. None for a value that is not a backward message at all, and for an
+    envelope (or a map of them) carrying nothing."""
+    if not carries(value):
+        return None
+    carried = [_inside(value)] if KEY in value else [_inside(v) for v in value.values()]
+    total = None
+    for g in carried:
+        if g is None:
+            continue
+        if device is not None:
+            g = g.to(device)
+        total = g if total is None else total + g
+    return total
+
+
+def closing(value: Any) -> bool:
+    """Whether any envelope in ``value`` closes a group."""
+    if is_envelope(value):
+        return bool(value[KEY][1])
+    if type(value) is dict:
+        return any(is_envelope(v) and v[KEY][1] for v in value.values())
+    return False
+
+
+class Learning(Node):
+    """What trains one node where it runs. A technique writes ``learn`` and nothing else.
+
+    ``Learning(optimizer, every=None, **how)``: ``optimizer`` is a factory (a class such
+    as ``torch.optim.SGD``) called with ``training()`` and ``**how`` the first time it is
+    needed, wherever this object ended up. ``every`` is how many steps make one update;
+    a technique that names it wins over the Trainer's.
+    """
+
+    _soma_position = True
+    # Read by a rebuilt object before anything sets them (pickle skips __init__).
+    _factory: Callable[..., Any] | None = None
+    _every: int | None = None
+    _node: Any = None
+    _held: Any = None
+    _given: Any = None
+    _built: Any = None
+    _taken = 0
+    _closing = False
+
+    def __init__(self, optimizer: Callable[..., Any], *, every: int | None = None, **how: Any):
+        if not callable(optimizer):
+            raise TypeError(f"{type(self).__qualname__} takes an optimizer factory such as "
+                            f"torch.optim.SGD, not a {type(optimizer).__qualname__}")
+        if every is not None and (type(every) is not int or every < 1):
+            raise ValueError(f"every={every!r}: a whole number of steps from 1 up, or None")
+        self._factory = functools.partial(optimizer, **how)
+        self._every = every
+
+    # -- being put together ----------------------------------------------------------
+    def of(self, node: Any) -> Learning:
+        """Says which node this trains; only whoever has both can say it."""
+        self._node = node
+        return self
+
+    def beside(self) -> tuple[Enters, Learning]:
+        """Its two positions: the one that leafs the input, and itself."""
+        return Enters(self), self
+
+    def accumulating(self, every: int | None) -> Learning:
+        """How many steps go into one update, unless this technique said already."""
+        if self._every is None:
+            self._every = every
+        return self
+
+    # -- what a technique reads -----------------------------------------------------
+    def training(self) -> list[torch.nn.Parameter]:
+        """The parameters it updates: the node's (and a technique's own, if it adds them)."""
+        if self._node is None:
+            raise OutOfStep(f"{type(self).__qualname__} was never told which node it trains (of())")
+        return list(self._node.parameters())
+
+    @property
+    def optimizer(self) -> Any:
+        """Its optimizer, built the first time it is asked for, over what is here."""
+        if self._built is None:
+            self._built = self._factory(self.training())
+        return self._built
+
+    def opens(self) -> bool:
+        """Whether this step starts a group: gradients are cleared, not added to."""
+        return self._taken == 0
+
+    def closes(self) -> bool:
+        """Whether this step ends a group: the optimizer moves."""
+        return self._closing or self._taken + 1 >= (self._every or 1)
+
+    def waiting(self) -> Any:
+        """This step's activation; OutOfStep when there is none, which means the two
+        halves are a step apart (a worker that restarted, a backward without forward)."""
+        if self._held is None:
+            raise OutOfStep(
+                f"a gradient arrived for {type(self._node).__qualname__}, whose activation "
+                "is not here: the forward that made it ran elsewhere or before a restart; "
+                "start the step again"
+            )
+        return self._held
+
+    def done(self) -> Any:
+        """Lets go of this step's activation and answers what the node was given, so a
+        gradient can be read off it. Every ``learn`` ends here."""
+        given = self._given
+        self._held = self._given = None
+        return given
+
+    # -- the two positions ------------------------------------------------------------
+    def entering(self, value: Any, ctx: Ctx) -> Any:
+        """In front of the node: the input as a leaf, remembered. Walked back, what
+        arrives is passed on to whoever fed the node."""
+        if carries(value):
+            return value
+        if isinstance(value, torch.Tensor):
+            value = value.detach().requires_grad_(value.is_floating_point()
+                                                  or value.is_complex())
+            self._given = value
+            return Opaque(value)
+        self._given = value
+        return value
+
+    def forward(self, value: Any, ctx: Ctx) -> Any:
+        """Behind the node: an ordinary value is the activation to keep (what goes on is
+        detached); an envelope is dL/d(that activation), to learn from."""
+        if carries(value):
+            return self._learn_from(value, ctx)
+        self._held = value
+        return Opaque(value.detach()) if isinstance(value, torch.Tensor) else value
+
+    def _learn_from(self, value: Any, ctx: Ctx) -> Any:
+        self._closing = closing(value)
+        signal = gradient(value, ctx.device)
+        answer = self.learn(signal, ctx)
+        ended = self.closes()
+        self._taken = 0 if ended else self._taken + 1
+        self._closing = False
+        return envelope(answer, closing=closing(value))
+
+    def learn(self, signal: torch.Tensor | None, ctx: Ctx) -> Any:
+        """Handed dL/d(what the node produced) — None when nobody owes it anything this
+        step — answers dL/d(what it was given), or None. The hole a technique fills."""
+        raise NotImplementedError(f"{type(self).__qualname__} does not say how it learns")
+
+    def __repr__(self) -> str:
+        trains = type(self._node).__qualname__ if self._node is not None else "nothing yet"
+        return f"{type(self).__qualname__}(trains {trains}, every={self._every})"
+
+
+class Enters(Node):
+    """The position in front of a trained node: its Learning's ``entering``."""
+
+    _soma_position = True
+    learning: Learning | None = None
+
+    def __init__(self, learning: Learning):
+        self.learning = learning
+
+    def forward(self, value: Any, ctx: Ctx) -> Any:
+        return self.learning.entering(value, ctx)
+
+
+class Split(Learning):
+    """Split learning: the chain rule carried on from the seam's gradient, a step, and
+    the input's gradient handed back. A group of several steps takes the same three
+    movements apart: cleared where it opens, added to in between, stepped where it
+    closes."""
+
+    def learn(self, signal: torch.Tensor | None, ctx: Ctx) -> Any:
+        optimizer = self.optimizer
+        if self.opens():
+            optimizer.zero_grad()
+        if signal is not None:
+            self.waiting().backward(signal)
+        given = self.done()
+        if self.closes():
+            optimizer.step()
+        if isinstance(given, torch.Tensor) and given.grad is not None:
+            return given.grad
+        return None
