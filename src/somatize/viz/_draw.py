@@ -24,7 +24,8 @@ MARKS = {"cached": "#2e7d32", "frozen": "#1565c0", "mapped": "#6a1b9a"}
 KINDS = {
     "linear": "#c6dbef", "conv": "#c7e9c0", "normalisation": "#fdd0a2",
     "activation": "#fee391", "attention": "#dadaeb", "embedding": "#d9f0a3",
-    "dropout": "#f0f0f0", "pooling": "#c7eae5", "recurrent": "#fcc5c0", "other": "#e0e0e0",
+    "dropout": "#f0f0f0", "pooling": "#c7eae5", "recurrent": "#fcc5c0", "block": "#e5d8bd",
+    "parameter": "#f2f2f2", "other": "#e0e0e0",
 }
 FONT = "Helvetica, Arial, sans-serif"
 TOP = 66  # above the drawing: the title and the legend
@@ -303,9 +304,16 @@ def _parts(fig: Any, graph_objects: Any, geometry: Layout, opened: dict, parts: 
     at their middles so each row has its own hover."""
     by_fill: dict[str, tuple[list, list]] = {}
     xs, ys, hovers = [], [], []
+    seams: tuple[list, list] = ([], [])  # where one opened block's parts end and the next's begin
     for node, labelled in parts.items():
         box = geometry.boxes[node]
+        previous = None
         for (path, what), (label, hover), (x, y, w, h) in zip(opened[node], labelled, box.parts):
+            within = what.get("within")
+            if previous is not None and within != previous:
+                seams[0].extend([x - 2, x + w + 2, None])
+                seams[1].extend([y, y, None])
+            previous = within
             flagged = path in part_flags.get(node, {})
             fill = FLAGGED_PART if flagged else KINDS.get(str(what.get("kind")), KINDS["other"])
             px, py = by_fill.setdefault(fill, ([], []))
@@ -321,6 +329,11 @@ def _parts(fig: Any, graph_objects: Any, geometry: Layout, opened: dict, parts: 
         fig.add_trace(graph_objects.Scatter(
             x=px, y=py, mode="lines", fill="toself", fillcolor=fill,
             line={"color": "#9e9e9e", "width": 0.8}, hoverinfo="skip", showlegend=False,
+        ))
+    if seams[0]:
+        fig.add_trace(graph_objects.Scatter(
+            x=seams[0], y=seams[1], mode="lines", line={"color": "#555555", "width": 2},
+            hoverinfo="skip", showlegend=False, name="blocks",
         ))
     fig.add_trace(graph_objects.Scatter(
         x=xs, y=ys, mode="markers", marker={"size": 16, "opacity": 0, "symbol": "square"},
@@ -341,9 +354,11 @@ def _legend(fig: Any, graph_objects: Any, geometry: Layout, colours: dict[str | 
             entry("here" if band.host is None else f"host {band.host}", colours[band.host])
     if flagged:
         entry("flagged", FLAGGED, "square")
-    kinds = dict.fromkeys(str(what.get("kind")) for listed in opened.values() for _, what in listed)
+    # An unknown kind is drawn as "other", so it is named once, after that mapping.
+    kinds = dict.fromkeys(kind if kind in KINDS else "other" for kind in (
+        str(what.get("kind")) for listed in opened.values() for _, what in listed))
     for kind in kinds:
-        entry(kind if kind in KINDS else "other", KINDS.get(kind, KINDS["other"]), "square")
+        entry(kind, KINDS[kind], "square")
 
 
 def _frame(fig: Any, graph: Any, geometry: Layout, shapes: list, annotations: list) -> None:
