@@ -60,21 +60,31 @@ def walk_back(graph: Any, nodes: Iterable[str] | None, given: dict[str, Any],
             "broker was given"
         )
     if away:
+        if isinstance(broker, dict):  # as forward takes it: {host: Worker}
+            from .wire import Broker
+
+            broker = Broker.embedded(broker)
         graph.provision(broker)
     local = parts.get(None, [])
     if not away:
         answered.update(_here(graph, local, given, emit, since))
         return {n: answered[n] for n in want}
     forward_id = uuid.uuid4().hex
-    with ThreadPoolExecutor(max_workers=len(away)) as pool:
-        futures = [pool.submit(
-            broker._run_slice, h, graph, part,
-            given={n: given[n] for n in part if n in given}, input=None, needs_input=False,
-            wanted=[n for n in want if n in part], watching=emit is not None,
-            stamping=stamping, forward=forward_id, transposed=True) for h, part in away]
-        if local:
-            answered.update(_here(graph, local, given, emit, since))
-        outcomes = [f.result() for f in futures]
+
+    def send(host: str, part: list[str]) -> Any:
+        return broker._run_slice(
+            host, graph, part, given={n: given[n] for n in part if n in given}, input=None,
+            needs_input=False, wanted=[n for n in want if n in part],
+            watching=emit is not None, stamping=stamping, forward=forward_id, transposed=True)
+
+    if len(away) == 1 and not local:  # the common case: no thread to start
+        outcomes = [send(*away[0])]
+    else:
+        with ThreadPoolExecutor(max_workers=len(away)) as pool:
+            futures = [pool.submit(send, h, part) for h, part in away]
+            if local:
+                answered.update(_here(graph, local, given, emit, since))
+            outcomes = [f.result() for f in futures]
     for outcome in outcomes:
         answered.update(outcome.values)
         if emit is not None:

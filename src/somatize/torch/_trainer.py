@@ -244,8 +244,17 @@ class Trainer:
     # -- what a run leaves --------------------------------------------------------------
     def export(self) -> Weights:
         """The weights, ``{node: {key: tensor}}``: a detached copy, so the next step does
-        not move it under whoever holds it. The optimizer's state is not in it."""
-        return snapshot(self._graph)
+        not move it under whoever holds it. The optimizer's state is not in it.
+
+        A node trained on a worker is asked there (its copy here never learnt anything),
+        through its trainer, so what comes back is what was trained."""
+        weights = snapshot(self._graph)
+        if self._staged is not None:
+            hosts = self._graph.hosts()
+            for node in self._staged.trains:
+                if node in hosts:
+                    weights[node] = self._staged.weights(node)
+        return weights
 
     def load(self, weights: Mapping[str, Mapping[str, Any]]) -> None:
         """Copies ``weights`` (as ``export`` gives them) into the nodes they name.
@@ -255,6 +264,13 @@ class Trainer:
         is frozen again at the digest of its new weights, or its kept outputs would be
         recalled for weights that no longer produce them.
         """
+        if self._staged is not None:
+            far = [n for n in weights if n in self._staged.trains and n in self._graph.hosts()]
+            if far:
+                raise DeclarationError(
+                    f"load() names {far[0]!r}, which is trained on host "
+                    f"{self._graph.hosts()[far[0]]!r}: its weights are there, and a copy "
+                    "loaded here would never run; load it before sending it, or train it here")
         loaded = load_into(self._graph, weights)
         frozen = [n for n in loaded if n in self._graph.frozen()]
         if frozen:

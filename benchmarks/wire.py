@@ -1,0 +1,236 @@
+"""The wire, side by side with raw loopback sockets and torch.distributed.rpc.
+
+Three measurements, each against its anchors in the same run, every server in a
+process of its own:
+
+1. a tiny remote forward (one small str there and back) vs a raw TCP echo of a
+   message of similar size, and vs ``rpc_sync`` of a trivial function;
+2. a 64 MB float32 tensor through a remote identity node vs a raw socket moving
+   64 MB each way, and vs ``rpc_sync`` sending the same tensor (TensorPipe, CPU);
+3. bytes on the wire per activation element, from the wire's own ``sent`` and
+   ``received`` facts.
+
+    python benchmarks/wire.py            # add --quick for fewer repetitions
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import time
+
+import torch
+
+import somatize.torch  # noqa: F401  (the tensor codec)
+from somatize import Graph, Node, Opaque, Worker
+
+QUICK = "--quick" in sys.argv
+TINY = 300 if QUICK else 2000
+BIG = 3 if QUICK else 8
+MB64 = 64 << 20
+_LENGTH = struct.Struct("<Q")
+
+
+class Same(Node):
+    def forward(self, x, ctx):
+        return Opaque(x) if isinstance(x, torch.Tensor) else x
+
+
+def per_call(fn, repeat: int) -> float:
+    """The median seconds per call after a warm-up."""
+    for _ in range(max(3, repeat // 20)):
+        fn()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+# -- raw sockets --------------------------------------------------------------------
+ECHO = r"""
+import socket, struct, sys
+L = struct.Struct("<Q")
+srv = socket.create_server(("127.0.0.1", 0))
+print(srv.getsockname()[1], flush=True)
+c, _ = srv.accept()
+c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+buf = bytearray(1 << 27)
+view = memoryview(buf)
+def fill(v):
+    got = 0
+    while got < len(v):
+        n = c.recv_into(v[got:])
+        if not n:
+            sys.exit(0)
+        got += n
+while True:
+    fill(view[:8])
+    (size,) = L.unpack_from(buf)
+    fill(view[8:8 + size])
+    c.sendall(view[:8 + size])
+"""
+
+
+class RawEcho:
+    """A length-prefixed echo server in another process: the physical limit."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", ECHO], stdout=subprocess.PIPE)
+        port = int(self.proc.stdout.readline())
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.back = bytearray(MB64 + 8)
+
+    def round_trip(self, payload: memoryview) -> None:
+        self.sock.sendmsg([_LENGTH.pack(len(payload)), payload])
+        view = memoryview(self.back)[: len(payload) + 8]
+        got = 0
+        while got < len(view):
+            got += self.sock.recv_into(view[got:])
+
+    def close(self) -> None:
+        self.sock.close()
+        self.proc.wait(5)
+
+
+# -- torch.distributed.rpc -------------------------------------------------------------
+def trivial(x):
+    return x
+
+
+def rpc_worker(port: str) -> None:
+    from torch.distributed import rpc
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    rpc.init_rpc("worker", rank=1, world_size=2)
+    rpc.shutdown()
+
+
+def rpc_numbers(payload: torch.Tensor) -> tuple[float, float] | None:
+    try:
+        from torch.distributed import rpc
+    except ImportError:
+        return None
+    if not rpc.is_available():
+        return None
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    child = subprocess.Popen([sys.executable, __file__, "--rpc-worker", port])
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    rpc.init_rpc("client", rank=0, world_size=2)
+    try:
+        tiny = per_call(lambda: rpc.rpc_sync("worker", trivial, args=("hello" * 20,)), TINY)
+        big = per_call(lambda: rpc.rpc_sync("worker", trivial, args=(payload,)), BIG)
+    finally:
+        rpc.shutdown()
+        child.wait(30)
+    return tiny, big
+
+
+# -- a tensor codec that does not copy ----------------------------------------------
+def zero_copy_codec() -> None:
+    """Registers, in this process, a tensor codec writing the same bytes as the shipped
+    one without its two copies: ``dump`` answers with the header and the tensor's own
+    memory (sent back to back, received as one buffer), and ``load`` views the buffer
+    the wire received, which is its to keep. What the wire does when the codec lets it."""
+    import json
+
+    from somatize import codec
+    from somatize.torch import _codec as shipped
+
+    def dump(tensor):
+        if tensor.device.type != "cpu" or tensor.dtype != torch.float32 or not tensor.is_contiguous():
+            return shipped.dump(tensor)
+        size = tensor.numel() * 4
+        header = json.dumps({"t": {"data_offsets": [0, size], "dtype": "F32",
+                                   "shape": list(tensor.shape)}},
+                            separators=(",", ":"), sort_keys=True).encode()
+        header += b" " * (-(len(header) + 8) % 16)
+        return (_LENGTH.pack(len(header)) + header, memoryview(tensor.detach().numpy()).cast("B"))
+
+    def load(blob):
+        if isinstance(blob, bytes) or memoryview(blob).readonly:
+            return shipped.load(blob)
+        dtype, shape, start, size = shipped._header(blob)
+        return torch.frombuffer(blob, dtype=torch.uint8, offset=start, count=size).view(dtype).view(shape)
+
+    codec(shipped.KIND, torch.Tensor, dump=dump, load=load)
+
+
+def zero_copy_worker() -> None:
+    from somatize.worker import main as worker_main
+
+    zero_copy_codec()
+    sys.exit(worker_main(["--listen", "127.0.0.1:0"]))
+
+
+# -- somatize ------------------------------------------------------------------------
+def zero_copy_numbers(payload: torch.Tensor) -> float:
+    zero_copy_codec()
+    with Worker.spawn([sys.executable, __file__, "--zero-copy-worker"], mode="network") as worker:
+        g = Graph.somatize(Same().at("w1"))
+        assert torch.equal(g.forward(Opaque(payload), broker={"w1": worker}), payload)
+        return per_call(lambda: g.forward(Opaque(payload), broker={"w1": worker}), BIG)
+
+
+def somatize_numbers(payload: torch.Tensor) -> dict[str, float]:
+    with Worker.generic(mode="network") as worker:
+        broker = {"w1": worker}
+        g = Graph.somatize(Same().at("w1"))
+        tiny = per_call(lambda: g.forward("hello" * 20, broker=broker), TINY)
+        assert torch.equal(g.forward(Opaque(payload), broker=broker), payload)
+        big = per_call(lambda: g.forward(Opaque(payload), broker=broker), BIG)
+        facts: list[dict] = []
+        small = torch.ones(1000)
+        g.forward(Opaque(small), broker=broker, watching=facts.append)
+        g.forward(Opaque(payload), broker=broker, watching=facts.append)
+    sizes = [f["bytes"] for f in facts if f["fact"] in ("sent", "received")]
+    return {"tiny": tiny, "big": big, "small_out": sizes[0], "small_back": sizes[1],
+            "big_out": sizes[2], "big_back": sizes[3]}
+
+
+def main() -> None:
+    payload = torch.randn(MB64 // 4)
+    raw = RawEcho()
+    tiny_message = memoryview(b"x" * 160)  # about what the tiny forward puts on the wire
+    raw_tiny = per_call(lambda: raw.round_trip(tiny_message), TINY)
+    big_message = memoryview(payload.numpy()).cast("B")
+    raw_big = per_call(lambda: raw.round_trip(big_message), BIG)
+    raw.close()
+    ours = somatize_numbers(payload)
+    rpc = rpc_numbers(payload)
+    zero_copy = zero_copy_numbers(payload)  # last: it replaces this process's tensor codec
+
+    print(f"{'':44}{'somatize':>12}{'raw echo':>12}{'ratio':>8}{'torch rpc':>12}{'ratio':>8}")
+    rpc_tiny, rpc_big = rpc if rpc else (float("nan"), float("nan"))
+    print(f"{'tiny forward round trip (us)':44}{ours['tiny'] * 1e6:12.1f}{raw_tiny * 1e6:12.1f}"
+          f"{ours['tiny'] / raw_tiny:8.2f}x{rpc_tiny * 1e6:11.1f}{ours['tiny'] / rpc_tiny:8.2f}x")
+    gbps = lambda seconds: 2 * MB64 / seconds / 1e9
+    print(f"{'64 MB float32 there and back (GB/s)':44}{gbps(ours['big']):12.2f}{gbps(raw_big):12.2f}"
+          f"{gbps(ours['big']) / gbps(raw_big):8.0%} {gbps(rpc_big):11.2f}"
+          f"{gbps(ours['big']) / gbps(rpc_big):8.2f}x")
+    print(f"{'64 MB float32 there and back (ms)':44}{ours['big'] * 1e3:12.1f}{raw_big * 1e3:12.1f}"
+          f"{'':8} {rpc_big * 1e3:11.1f}")
+    print(f"{'  the same, with a zero-copy tensor codec (GB/s)':44}{gbps(zero_copy):12.2f}"
+          f"{gbps(raw_big):12.2f}{gbps(zero_copy) / gbps(raw_big):8.0%} {gbps(rpc_big):11.2f}"
+          f"{gbps(zero_copy) / gbps(rpc_big):8.2f}x")
+    for label, n, out, back in (("1000 float32", 1000, ours["small_out"], ours["small_back"]),
+                                ("16M float32 (64 MB)", MB64 // 4, ours["big_out"], ours["big_back"])):
+        print(f"bytes on the wire, {label}: out {out} = 4 x {n} + {out - 4 * n}, "
+              f"back {back} = 4 x {n} + {back - 4 * n}  ({(out + back) / (2 * n):.6f} bytes/element)")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "--rpc-worker":
+        rpc_worker(sys.argv[2])
+    elif sys.argv[1:] == ["--zero-copy-worker"]:
+        zero_copy_worker()
+    else:
+        main()

@@ -1,0 +1,314 @@
+"""The client's end of a wire: one connection to one worker, opened at first need.
+
+A Link is opened when a slice needs it, kept open between forwards, and reopened
+(with the catalog sent again if the worker asks) when the worker behind it restarted.
+Every failure is translated here, once, into an error that names the host: nothing
+answers, the worker died mid-slice, it went silent past the timeout, it does not share
+our token, or it said something that is not a frame.
+"""
+
+from __future__ import annotations
+
+import hmac
+import socket
+import ssl
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from .. import _errors
+from .._errors import Lost, NodeError, ProtocolError, Silent, Unauthorised, UnwritableError, WireError
+from .catalog import unpack_values
+from .channel import Channel, Closed
+from .protocol import HANDSHAKE, VERSION, Session, new_nonce, proof, session_key
+
+__all__ = ["Link", "Outcome", "Staged"]
+
+
+@dataclass(frozen=True)
+class Staged:
+    """A catalog waiting to be sent, if and when the far side asks for it."""
+
+    ident: str
+    kind: str
+    blob_id: str
+    blob: bytes
+    runtime: dict[str, Any]
+
+
+class Outcome:
+    """What came back from a slice: values by node, what could not travel and why, facts."""
+
+    __slots__ = ("facts", "lost", "values")
+
+    def __init__(self, values: dict[str, Any], lost: dict[str, str], facts: list[dict]):
+        self.values, self.lost, self.facts = values, lost, facts
+
+
+# What a worker's refusal is called there, and what it becomes here.
+_PLAIN = {name: getattr(_errors, name) for name in (
+    "EdgeError", "DeclarationError", "UnwritableError", "CacheError", "OutOfStep", "NoGradient")}
+
+
+class Link:
+    """One connection to one worker, used by one request at a time."""
+
+    def __init__(self, worker: Any):
+        self.worker = worker
+        self.channel: Channel | None = None
+        self.lock = threading.Lock()
+        self.staged: Staged | None = None
+        self.declared: str | None = None  # the catalog this connection runs against
+        self.instance: str | None = None
+
+    def stage(self, staged: Staged) -> None:
+        self.staged = staged
+
+    # -- a slice --------------------------------------------------------------------
+    def run(self, host: str, nodes: list[str], tree: Any, buffers: list[Any], refs: list[str],
+            wanted: list[str], watching: bool, forward: str | None,
+            transposed: bool = False) -> Outcome:
+        """Runs one slice there and answers with what came back."""
+        header: dict[str, Any] = {"f": bytes.fromhex(forward) if forward else bytes(16),
+                                  "n": nodes, "w": wanted, "v": tree}
+        if refs:
+            header["r"] = refs
+        if watching:
+            header["x"] = True
+        if transposed:
+            header["t"] = True
+        with self.lock:
+            for attempt in (0, 1):
+                fresh = self._open(host)
+                self._declare(host)
+                began = time.perf_counter_ns()
+                try:
+                    sent = self.channel.send("slice", header, buffers)
+                except TimeoutError:
+                    raise self._silent(host, f"while sending slice {nodes}") from None
+                except OSError as exc:
+                    self._drop()
+                    if attempt == 0 and not fresh:  # it broke before it could have run
+                        continue
+                    raise self._broken(host, f"while sending slice {nodes}", exc) from None
+                took_sent = (time.perf_counter_ns() - began) // 1000
+                reply = self._answer(host, f"while running slice {nodes}")
+                if reply.kind == "need":  # somebody replaced the catalog meanwhile
+                    self.declared = None
+                    if attempt == 0:
+                        continue
+                    raise WireError(f"host {host!r}: the worker's catalog keeps changing under "
+                                    "this client; is another client using it with another graph?",
+                                    host=host)
+                return self._outcome(host, nodes, reply, sent, took_sent, watching)
+        raise AssertionError("unreachable")
+
+    def _outcome(self, host: str, nodes: list[str], reply: Any, sent: int, took_sent: int,
+                 watching: bool) -> Outcome:
+        head = reply.header
+        facts = []
+        if watching:
+            facts.append({"fact": "sent", "host": host, "bytes": sent, "took_us": took_sent})
+            facts.extend(self._facts(head, host))
+            facts.append({"fact": "received", "host": host, "bytes": reply.size,
+                          "took_us": reply.took_us})
+        if reply.kind == "error":
+            raise self._refusal(host, nodes, head, facts)
+        if reply.kind != "done":
+            self._drop()
+            raise ProtocolError(f"host {host!r} answered a slice with {reply.kind!r}", host=host)
+        try:
+            values = unpack_values(head.get("v", {}), reply.buffers)
+        except UnwritableError as exc:
+            raise UnwritableError(f"host {host!r} answered slice {nodes} with {exc}") from None
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ProtocolError(f"host {host!r} answered with malformed values ({exc})",
+                                host=host) from None
+        lost = head.get("l") or {}
+        if type(values) is not dict or type(lost) is not dict:
+            raise ProtocolError(f"host {host!r} answered with malformed values", host=host)
+        return Outcome(values, lost, facts)
+
+    @staticmethod
+    def _facts(head: dict[str, Any], host: str) -> list[dict]:
+        facts = []
+        for fact in head.get("x") or []:
+            if type(fact) is dict:
+                fact = unpack_values(fact, [])
+                fact["host"] = host
+                facts.append(fact)
+        return facts
+
+    def _refusal(self, host: str, nodes: list[str], head: dict[str, Any],
+                 facts: list[dict]) -> Exception:
+        what, message = head.get("e"), str(head.get("m", ""))
+        if what == "NodeError":
+            kind = str(head.get("kind", ""))
+            exc: Exception = NodeError(f"{message} on host {host!r}", node=str(head.get("node")),
+                                       host=host, kind=kind)
+            if kind in _PLAIN:  # one of ours (OutOfStep, say): the same cause as here
+                exc.__cause__ = _PLAIN[kind](f"{head.get('cause', message)} (on host {host!r})")
+        elif what == "Lost":
+            exc = Lost(f"{message} (host {host!r})", node=str(head.get("node")), host=host)
+        elif what in _PLAIN:
+            exc = _PLAIN[what](f"{message} (on host {host!r})")
+        else:
+            exc = WireError(f"host {host!r} could not run slice {nodes}: {what}: {message}", host=host)
+        exc.facts = facts  # type: ignore[attr-defined]
+        return exc
+
+    # -- the catalog ----------------------------------------------------------------
+    def _declare(self, host: str) -> None:
+        """Makes sure the worker runs this connection's slices against our catalog,
+        sending it only if the worker says it does not hold it."""
+        staged = self.staged
+        if staged is None or self.declared == staged.ident:
+            return
+        self._request(host, "catalog", {"c": staged.ident})
+        reply = self._answer(host, "while checking its catalog")
+        if reply.kind == "need":
+            self._request(host, "provision", {"c": staged.ident, "kind": staged.kind,
+                                              "r": staged.runtime}, [staged.blob], sealed=True)
+            reply = self._answer(host, "while receiving its catalog")
+        if reply.kind == "error":
+            raise self._catalog_refused(host, reply.header, staged)
+        if reply.kind != "ok":
+            self._drop()
+            raise ProtocolError(f"host {host!r} answered a catalog with {reply.kind!r}", host=host)
+        self.declared = staged.ident
+
+    def _catalog_refused(self, host: str, head: dict[str, Any], staged: Staged) -> WireError:
+        module = head.get("module")
+        hint = ""
+        if module:
+            hint = (f"; in mode='project' the worker imports module {module!r} from its own "
+                    "installation: install it there (or put it on its PYTHONPATH), or use "
+                    f"mode='network', send=[{module!r}] so the code travels")
+        return WireError(f"host {host!r} cannot load the catalog it was sent: "
+                         f"{head.get('m')}{hint}", host=host)
+
+    # -- the connection -------------------------------------------------------------
+    def _open(self, host: str) -> bool:
+        """Opens the connection if it is not open and well; says whether it did."""
+        if self.channel is not None:
+            if self.channel.idle_and_open():
+                return False
+            self._drop()
+        worker = self.worker
+        address = worker._address(host)
+        where = worker._where(host)
+        try:
+            sock = socket.create_connection(address, timeout=worker.timeout)
+        except TimeoutError:
+            raise Silent(f"host {host!r}: nothing answered a connection to {where} within "
+                         f"{worker.timeout:g} s", host=host) from None
+        except OSError as exc:
+            raise WireError(
+                f"host {host!r}: cannot connect to {where}: {exc.strerror or exc}; is a worker "
+                f"listening there? Start one with: python -m somatize.worker --listen {where}",
+                host=host) from None
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            if worker.tls is not None:
+                sock = worker.tls.wrap_socket(sock, server_hostname=address[0])
+            self.channel = Channel(sock, worker.limits)
+            self._handshake(host)
+        except BaseException:
+            if self.channel is not None:
+                self._drop()
+            else:
+                sock.close()
+            raise
+        return True
+
+    def _handshake(self, host: str) -> None:
+        channel, token, where = self.channel, self.worker.token, self.worker._where(host)
+        client_nonce = new_nonce()
+        self._request(host, "hello", {"v": VERSION, "n": client_nonce, "t": self.worker.timeout})
+        challenge = self._answer(host, "while greeting it", HANDSHAKE)
+        head = challenge.header
+        if challenge.kind == "refused":
+            raise ProtocolError(f"host {host!r} ({where}) refused us: {head.get('why')}", host=host)
+        if challenge.kind != "challenge" or head.get("v") != VERSION:
+            raise ProtocolError(
+                f"host {host!r} ({where}) speaks wire protocol {head.get('v')!r} and this client "
+                f"{VERSION}; install the same somatize on both ends", host=host)
+        worker_nonce = head.get("n")
+        if type(worker_nonce) is not bytes or len(worker_nonce) != 32:
+            raise ProtocolError(f"host {host!r} ({where}) sent a challenge without a nonce", host=host)
+        if head.get("a") and token is None:
+            raise Unauthorised(
+                f"host {host!r} ({where}) asks for a token and this client has none; give it "
+                "the worker's: Worker.at(..., token=...) or SOMATIZE_TOKEN", host=host)
+        if not head.get("a") and token is not None:
+            raise Unauthorised(
+                f"host {host!r} ({where}) does not ask for a token, so it cannot prove it knows "
+                "ours; start the worker with the same token (SOMATIZE_TOKEN or --token-file), "
+                "or drop the client's", host=host)
+        if token is not None:
+            said = head.get("p")
+            if type(said) is not bytes or not hmac.compare_digest(
+                    said, proof(token, b"worker", client_nonce, worker_nonce)):
+                self._request(host, "refused", {"why": "the worker's proof does not match our token"})
+                raise Unauthorised(
+                    f"host {host!r} ({where}) does not know our token (its proof does not match); "
+                    "give both ends the same SOMATIZE_TOKEN", host=host)
+            self._request(host, "proof", {"p": proof(token, b"client", client_nonce, worker_nonce)})
+            channel.session = Session(session_key(token, client_nonce, worker_nonce), b"C")
+        welcome = self._answer(host, "while greeting it", HANDSHAKE)
+        if welcome.kind != "welcome":
+            raise Unauthorised(f"host {host!r} ({where}) refused us: {welcome.header.get('why')}",
+                               host=host)
+        self.instance = welcome.header.get("i")
+        self.declared = None
+
+    def _request(self, host: str, kind: str, header: dict[str, Any] | None = None,
+                 buffers: list[Any] = (), sealed: bool = False) -> int:
+        try:
+            return self.channel.send(kind, header, buffers, sealed)
+        except TimeoutError:
+            raise self._silent(host, f"while sending {kind!r}") from None
+        except OSError as exc:
+            raise self._broken(host, f"while sending {kind!r}", exc) from None
+
+    def _answer(self, host: str, doing: str, limits: Any = None) -> Any:
+        """The next frame that is not a heartbeat; a silence past the timeout is Silent."""
+        channel = self.channel
+        try:
+            while True:
+                frame = channel.recv(limits)
+                if frame.kind != "beat":
+                    return frame
+        except TimeoutError:
+            raise self._silent(host, doing) from None
+        except ProtocolError as exc:
+            self._drop()
+            raise ProtocolError(f"host {host!r} ({self.worker._where(host)}): {exc}", host=host) from None
+        except (Closed, OSError, ssl.SSLError) as exc:
+            raise self._broken(host, doing, exc) from None
+
+    def _silent(self, host: str, doing: str) -> Silent:
+        self._drop()
+        timeout = self.worker.timeout
+        return Silent(
+            f"host {host!r} ({self.worker._where(host)}) said nothing, not even a heartbeat, "
+            f"for {timeout:g} s {doing}: it is stopped, overloaded or unreachable. If it is "
+            "only slow, raise the timeout (Worker.at(..., timeout=) or SOMATIZE_TIMEOUT)",
+            host=host)
+
+    def _broken(self, host: str, doing: str, exc: BaseException) -> WireError:
+        self._drop()
+        return WireError(
+            f"host {host!r} ({self.worker._where(host)}) closed the connection {doing}: the "
+            f"worker died or dropped us ({exc}); its log says why", host=host)
+
+    def _drop(self) -> None:
+        channel, self.channel = self.channel, None
+        self.declared = None
+        if channel is not None:
+            channel.close()
+
+    def close(self) -> None:
+        with self.lock:
+            self._drop()

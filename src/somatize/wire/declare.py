@@ -1,0 +1,325 @@
+"""Worker: where a slice goes and how to pack for it — a declaration, not a connection.
+
+Declaring opens nothing, so a host that is not there fails when a slice needs it and
+not when it is named. The children of ``generic`` and ``spawn`` are started when
+declared (so their start-up overlaps whatever the client does next) but waited for
+only at first need, and never outlive the client: ``close``, a ``with`` block, the
+interpreter's exit, and on Linux the kernel itself (the child asks to be sent SIGTERM
+when the thread that started it dies; that thread lives as long as the process).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import queue
+import re
+import secrets
+import select
+import ssl
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Sequence
+from concurrent.futures import Future
+from typing import Any
+
+from .._errors import DeclarationError, WireError
+from .catalog import MODES, pack_nodes
+from .client import Link
+from .protocol import Limits
+
+__all__ = ["Worker", "parse_address"]
+
+_LISTENING = re.compile(r"^listening on (\[[0-9A-Fa-f:.]+\]|[^\s:]+):(\d+)\s*$")
+_STARTUP = 60.0  # how long a child may take to say where it listens
+
+
+def parse_address(addr: Any, listening: bool = False) -> tuple[str, int]:
+    """``"node3:7000"`` or ``"[::1]:7000"`` as ``(host, port)``, or a DeclarationError.
+    Port 0 (any free port) only makes sense for ``listening``."""
+    match = _LISTENING.match(f"listening on {addr}") if isinstance(addr, str) else None
+    port = int(match.group(2)) if match else -1
+    if not match or not (0 if listening else 1) <= port < 65536:
+        raise DeclarationError(
+            f"{addr!r} is not an address a worker listens at; write HOST:PORT, e.g. "
+            "'node3:7000', '127.0.0.1:7000' or '[::1]:7000'"
+        )
+    return match.group(1).strip("[]"), port
+
+
+def _timeout(timeout: Any) -> float:
+    if timeout is None:
+        said = os.environ.get("SOMATIZE_TIMEOUT")
+        if not said:
+            return 30.0
+        try:
+            timeout = float(said)
+        except ValueError:
+            raise DeclarationError(f"SOMATIZE_TIMEOUT={said!r} is not a number of seconds") from None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise DeclarationError(f"a worker's timeout is a positive number of seconds, not {timeout!r}")
+    return float(timeout)
+
+
+def _token(token: Any) -> bytes | None:
+    if token is None:
+        token = os.environ.get("SOMATIZE_TOKEN") or None
+    if token is None:
+        return None
+    if isinstance(token, str):
+        token = token.encode()
+    if not isinstance(token, bytes) or not token:
+        raise DeclarationError("a token is a non-empty str or bytes")
+    return token
+
+
+def _tls(tls: Any) -> ssl.SSLContext | None:
+    if tls is None or tls is False:
+        return None
+    if tls is True:
+        return ssl.create_default_context()
+    if isinstance(tls, ssl.SSLContext):
+        return tls
+    if isinstance(tls, (str, os.PathLike)):
+        return ssl.create_default_context(cafile=os.fspath(tls))
+    raise DeclarationError(
+        f"tls is an ssl.SSLContext, the path of a CA file, or True, not {tls!r}")
+
+
+class Worker:
+    """Where a slice goes, and how to pack for it. It opens nothing.
+
+    ``target`` is an address (``"node3:7000"``, a worker already standing) or an argv
+    (a child to start). ``mode="project"`` sends nodes by reference (the worker
+    imports their code from its own installation; identity, versions and state
+    travel); ``"network"`` sends the code as well, and ``send=["my_package"]`` makes
+    those modules travel by value. ``send`` without ``"network"`` is refused, since
+    it would silently do nothing.
+    """
+
+    def __init__(self, target: str | list[str], mode: str = "project", send: Sequence[str] = (),
+                 *, token: str | bytes | None = None, tls: Any = None,
+                 timeout: float | None = None, limits: Limits | None = None):
+        if mode not in MODES:
+            raise DeclarationError(f"a worker's mode is 'project' or 'network', not {mode!r}")
+        if isinstance(send, str) or not all(isinstance(m, str) and m for m in send):
+            raise DeclarationError(f"send is a list of module names, e.g. ['my_package'], not {send!r}")
+        if send and mode != "network":
+            raise DeclarationError(
+                f"send={list(send)!r} only means something with mode='network', where code "
+                "travels; in mode='project' the worker imports it from its own installation")
+        self.mode, self.send = mode, tuple(send)
+        self.timeout = _timeout(timeout)
+        self.limits = limits or Limits()
+        self._child: subprocess.Popen | None = None
+        self._listening: tuple[str, int] | None = None
+        self._start_lock = threading.Lock()
+        if isinstance(target, str):
+            self._target = parse_address(target)
+            self.token, self.tls = _token(token), _tls(tls)
+            self._argv = None
+        elif isinstance(target, (list, tuple)) and target and all(isinstance(a, str) for a in target):
+            self._target = None
+            self._argv = list(target)
+            self.token = _token(token) if token is not None else secrets.token_hex(32).encode()
+            self.tls = _tls(tls)
+            self._start()
+        else:
+            raise DeclarationError(
+                f"a worker is declared with an address ('node3:7000') or an argv to start, "
+                f"not {target!r}")
+        self._link = Link(self)
+        self._wire = (b"at " + f"{self._target[0].lower()}:{self._target[1]}".encode()
+                      if self._target else b"child " + secrets.token_hex(16).encode())
+
+    @classmethod
+    def at(cls, addr: str, mode: str = "project", send: Sequence[str] = (), *,
+           token: str | bytes | None = None, tls: Any = None,
+           timeout: float | None = None) -> Worker:
+        """A worker already standing at ``addr``; the token defaults to SOMATIZE_TOKEN."""
+        return cls(addr, mode, send, token=token, tls=tls, timeout=timeout)
+
+    @classmethod
+    def generic(cls, mode: str = "project", send: Sequence[str] = (), python: str | None = None,
+                *, timeout: float | None = None) -> Worker:
+        """A child ``python -m somatize.worker`` on a free loopback port, with a fresh
+        token and this process's environment (so the same code is importable there)."""
+        argv = [python or sys.executable, "-m", "somatize.worker", "--listen", "127.0.0.1:0"]
+        return cls(argv, mode, send, timeout=timeout)
+
+    @classmethod
+    def spawn(cls, argv: list[str], mode: str = "project", send: Sequence[str] = (), *,
+              timeout: float | None = None) -> Worker:
+        """Any child that prints ``listening on HOST:PORT`` first; it is handed a fresh
+        token in SOMATIZE_TOKEN."""
+        return cls(list(argv), mode, send, timeout=timeout)
+
+    def packed(self, nodes: dict[str, Any]) -> tuple[str, str, bytes]:
+        """These nodes the way this worker wants them: ``(kind, id, bytes)``."""
+        if not isinstance(nodes, dict):
+            raise TypeError(f"packed takes {{node_id: node}}, not a {type(nodes).__qualname__}")
+        return pack_nodes(nodes, self.mode, self.send)
+
+    # -- the child --------------------------------------------------------------------
+    def _start(self) -> None:
+        env = dict(os.environ)
+        env["SOMATIZE_TOKEN"] = self.token.decode()
+        env["SOMATIZE_PARENT_PID"] = str(os.getpid())
+        # The child imports the somatize this process runs, wherever it came from; an
+        # installed one it finds by itself, and naming site-packages would shadow the
+        # caller's own PYTHONPATH.
+        here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        if here not in _site_dirs():
+            paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+            env["PYTHONPATH"] = os.pathsep.join([here] + [p for p in paths if p != here])
+        try:
+            self._child = _spawner.popen(self._argv, env)
+        except OSError as exc:
+            raise DeclarationError(f"cannot start the worker {self._argv!r}: {exc}") from None
+        _children.add(self)
+        weakref.finalize(self, _end, self._child)
+
+    def _address(self, host: str) -> tuple[str, int]:
+        """Where to connect: the declared address, or where the child says it listens."""
+        if self._target is not None:
+            return self._target
+        with self._start_lock:
+            if self._listening is None:
+                self._listening = self._read_listening(host)
+            return self._listening
+
+    def _read_listening(self, host: str) -> tuple[str, int]:
+        child = self._child
+        if child is None:
+            raise WireError(f"host {host!r}: its worker was closed", host=host)
+        fd = child.stdout.fileno()
+        said = b""
+        deadline = time.monotonic() + max(_STARTUP, self.timeout)
+        while b"\n" not in said:
+            left = deadline - time.monotonic()
+            ready = select.select([fd], [], [], max(0.0, left))[0] if left > 0 else []
+            if not ready:
+                raise WireError(f"host {host!r}: the worker {self._argv!r} did not say where "
+                                f"it listens within {max(_STARTUP, self.timeout):g} s", host=host)
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                code = child.wait(timeout=5)
+                raise WireError(f"host {host!r}: the worker {self._argv!r} exited with code "
+                                f"{code} before listening; its stderr says why", host=host)
+            said += chunk
+        line, _, rest = said.partition(b"\n")
+        threading.Thread(target=_drain, args=(child, rest), daemon=True).start()
+        match = _LISTENING.match(line.decode(errors="replace"))
+        if not match:
+            raise WireError(f"host {host!r}: the worker {self._argv!r} first said {line!r}, "
+                            "not 'listening on HOST:PORT'", host=host)
+        return match.group(1).strip("[]"), int(match.group(2))
+
+    def _where(self, host: str) -> str:
+        address = self._target or self._listening
+        if address is None:
+            return f"the child {self._argv!r}"
+        return f"[{address[0]}]:{address[1]}" if ":" in address[0] else f"{address[0]}:{address[1]}"
+
+    def close(self) -> None:
+        """Closes the connection, and ends the child if this worker started one."""
+        self._link.close()
+        child, self._child = self._child, None
+        _children.discard(self)
+        if child is not None:
+            _end(child)
+
+    def __enter__(self) -> Worker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        where = self._where("") if (self._target or self._listening) else f"child {self._argv!r}"
+        return f"Worker({where}, mode={self.mode!r})"
+
+    def __reduce__(self) -> Any:
+        raise TypeError("a Worker holds a connection or a child process and cannot be pickled; "
+                        "declare it where it is used")
+
+
+def _site_dirs() -> set[str]:
+    import site
+
+    found = set(getattr(site, "getsitepackages", list)())
+    found.add(site.getusersitepackages())
+    return {os.path.abspath(p) for p in found}
+
+
+def _drain(child: subprocess.Popen, first: bytes) -> None:
+    """Passes on what a child writes after its first line, so it never blocks on a pipe."""
+    out = getattr(sys.stderr, "buffer", None)
+    try:
+        chunk = first
+        while True:
+            if chunk and out is not None:
+                out.write(chunk)
+                out.flush()
+            chunk = os.read(child.stdout.fileno(), 65536)
+            if not chunk:
+                return
+    except (OSError, ValueError):
+        return
+
+
+def _end(child: subprocess.Popen) -> None:
+    if child.poll() is None:
+        child.terminate()
+        try:
+            child.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+    if child.stdout is not None:
+        child.stdout.close()
+
+
+class _Spawner:
+    """One thread that starts every child and lives as long as the process.
+
+    Linux sends a child its parent-death signal when the *thread* that forked it ends,
+    so a child started from a short-lived thread (a wave's pool) would die with it.
+    """
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def popen(self, argv: list[str], env: dict[str, str]) -> subprocess.Popen:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="somatize-spawner",
+                                                daemon=True)
+                self._thread.start()
+        done: Future = Future()
+        self._queue.put((argv, env, done))
+        return done.result()
+
+    def _loop(self) -> None:
+        while True:
+            argv, env, done = self._queue.get()
+            try:
+                done.set_result(subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
+                                                 stdout=subprocess.PIPE))
+            except BaseException as exc:
+                done.set_exception(exc)
+
+
+_spawner = _Spawner()
+_children: weakref.WeakSet[Worker] = weakref.WeakSet()
+
+
+@atexit.register
+def _end_children() -> None:
+    for worker in list(_children):
+        worker.close()

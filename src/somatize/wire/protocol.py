@@ -1,0 +1,322 @@
+"""Frames and the handshake, as pure functions over bytes.
+
+A frame is a fixed 48-byte prefix, a msgpack header, then raw buffers sent as they
+are (a tensor's bytes never become a list of floats)::
+
+    offset size
+    0      2    magic b"SZ"
+    2      1    protocol version
+    3      1    flags: MACED (the MAC field is set), SEALED (a MAC trailer follows the buffers)
+    4      4    header length, u32 little-endian
+    8      8    length of all buffers together, u64 little-endian
+    16     32   MAC over (direction, sequence, prefix[:16], header); zeros before auth
+    48     ...  header: a msgpack map with "k" (the kind) and "b" (each buffer's length)
+    ...    ...  the buffers, back to back
+    ...    32   only when SEALED: MAC over (direction, sequence, MAC, buffers)
+
+The MAC is keyed BLAKE2b-256 under a key fresh for each connection, derived with
+HMAC-SHA256 from the token and both sides' nonces at the handshake.
+
+Every size is checked against ``Limits`` before anything is allocated, and the header's
+MAC is checked before its buffers are read, so a peer without the token can make us
+read at most one handshake-sized header. The sequence number is never sent: each side
+counts the frames it sends and receives, so a replayed, dropped or reordered frame
+fails its MAC. Buffers are covered by the MAC only when sealed (the catalog, which is
+unpickled); values are not, because hashing 64 MB costs more than sending it — TLS is
+what protects them from an attacker who can rewrite the stream. ``docs/wire.md``
+describes the messages built on top.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+try:
+    import msgpack
+except ImportError as exc:  # the core does without; the wire cannot
+    raise ImportError("the wire needs msgpack: pip install 'somatize[wire]'") from exc
+
+from .._errors import ProtocolError
+
+__all__ = [
+    "PREFIX",
+    "VERSION",
+    "Frame",
+    "Limits",
+    "Session",
+    "decode",
+    "encode",
+    "new_nonce",
+    "proof",
+    "read_header",
+    "session_key",
+    "split_prefix",
+]
+
+VERSION = 1
+MAGIC = b"SZ"
+MACED, SEALED = 1, 2
+_PREFIX = struct.Struct("<2sBBIQ")
+MAC_SIZE = 32
+PREFIX = _PREFIX.size + MAC_SIZE
+_NO_MAC = bytes(MAC_SIZE)
+_SEQ = struct.Struct("<Q")
+
+#: Every kind a frame may have; anything else is not one of ours.
+KINDS = frozenset({
+    "hello", "challenge", "proof", "welcome", "refused",        # the handshake
+    "catalog", "provision", "slice",                            # client -> worker
+    "ok", "need", "done", "error", "beat",                      # worker -> client
+})
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How big a frame may be, checked before anything is allocated.
+
+    ``header`` bounds the msgpack header (where data values travel), ``frame`` the
+    whole frame, ``buffers`` how many buffers one frame may carry.
+    """
+
+    header: int = 64 << 20
+    frame: int = 16 << 30
+    buffers: int = 1 << 16
+
+    def __post_init__(self) -> None:
+        for name in ("header", "frame", "buffers"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"Limits.{name} is a positive int, not {value!r}")
+        if self.header >= 1 << 32:
+            raise ValueError(f"Limits.header must stay under 4 GiB, not {self.header}")
+
+
+#: What an unauthenticated peer may send: a small header and no buffers at all.
+HANDSHAKE = Limits(header=4096, frame=4096 + PREFIX, buffers=1)
+
+
+@dataclass
+class Frame:
+    """One message: its kind, its header (a dict) and its buffers."""
+
+    kind: str
+    header: dict[str, Any]
+    buffers: list[Any] = field(default_factory=list)
+    size: int = 0  # bytes it took on the wire
+    sealed: bool = False  # whether the buffers were covered by a MAC
+    took_us: int = 0  # from its first byte to its last, when read from a socket
+
+
+class Session:
+    """The MAC state of one authenticated connection: a key and two counters.
+
+    ``side`` is ``b"C"`` for the client and ``b"W"`` for the worker; what one side
+    sends the other receives, so the direction byte is the sender's.
+    """
+
+    __slots__ = ("_key", "peer", "received", "sent", "side")
+
+    def __init__(self, key: bytes, side: bytes):
+        self._key = key
+        self.side = side
+        self.peer = b"W" if side == b"C" else b"C"
+        self.sent = 0
+        self.received = 0
+
+    def tag(self, direction: bytes, seq: int, *parts: Any) -> bytes:
+        """The MAC of these parts from this direction at this sequence number: keyed
+        BLAKE2b, a MAC by design and a third of HMAC-SHA256's cost on small frames."""
+        mac = hashlib.blake2b(direction + _SEQ.pack(seq), key=self._key, digest_size=MAC_SIZE)
+        for part in parts:
+            mac.update(part)
+        return mac.digest()
+
+
+def new_nonce() -> bytes:
+    import secrets
+
+    return secrets.token_bytes(32)
+
+
+def proof(token: bytes, who: bytes, client_nonce: bytes, worker_nonce: bytes) -> bytes:
+    """What ``who`` (b"client" or b"worker") sends to show it knows the token."""
+    return hmac.new(token, b"somatize proof " + who + client_nonce + worker_nonce,
+                    hashlib.sha256).digest()
+
+
+def session_key(token: bytes, client_nonce: bytes, worker_nonce: bytes) -> bytes:
+    """The key this one connection MACs its frames with: fresh nonces, fresh key."""
+    return hmac.new(token, b"somatize session" + client_nonce + worker_nonce,
+                    hashlib.sha256).digest()
+
+
+# -- encoding -----------------------------------------------------------------------
+def encode(kind: str, header: dict[str, Any] | None = None, buffers: list[Any] = (),
+           session: Session | None = None, sealed: bool = False) -> list[Any]:
+    """A frame as the pieces to send, in order; buffers are not copied.
+
+    ``session`` MACs it (and advances the send counter); ``sealed`` adds a MAC over
+    the buffers, where there is a session to make one with.
+    """
+    parts = [_parts(b) for b in buffers]
+    views = [v for group in parts for v in group]
+    head = dict(header) if header else {}
+    head["k"] = kind
+    if parts:
+        head["b"] = [sum(v.nbytes for v in group) for group in parts]
+    try:
+        raw = msgpack.packb(head, use_bin_type=True)
+    except OverflowError:
+        raise ProtocolError(
+            f"a {kind!r} frame holds an int beyond 64 bits, which msgpack cannot carry; "
+            "send it as a str, or wrap it in Opaque with a codec"
+        ) from None
+    body = sum(v.nbytes for v in views)
+    flags = 0
+    if session is not None:
+        flags |= MACED | (SEALED if sealed and parts else 0)
+    start = _PREFIX.pack(MAGIC, VERSION, flags, len(raw), body)
+    if session is None:
+        return [start + _NO_MAC + raw, *views]
+    seq = session.sent
+    session.sent += 1
+    mac = session.tag(session.side, seq, start, raw)
+    pieces: list[Any] = [start + mac + raw, *views]
+    if flags & SEALED:
+        pieces.append(session.tag(session.side, seq, mac, *views))
+    return pieces
+
+
+def _parts(buffer: Any) -> list[memoryview]:
+    """One buffer as the byte views it is sent from: itself, or, for a codec that
+    answers with a tuple or list of buffers (a header and a tensor's own memory, say),
+    each of them, sent back to back and received as one."""
+    if type(buffer) in (tuple, list):
+        return [_bytes_view(part) for part in buffer]
+    return [_bytes_view(buffer)]
+
+
+def _bytes_view(buffer: Any) -> memoryview:
+    view = memoryview(buffer)
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
+    return view
+
+
+# -- decoding -----------------------------------------------------------------------
+def split_prefix(prefix: bytes | bytearray | memoryview, limits: Limits) -> tuple[int, int, int, bytes]:
+    """``(flags, header length, buffers length, mac)`` of a 48-byte prefix, checked."""
+    if len(prefix) != PREFIX:
+        raise ProtocolError(f"a frame prefix is {PREFIX} bytes, got {len(prefix)}")
+    magic, version, flags, header_len, body_len = _PREFIX.unpack_from(prefix)
+    if magic != MAGIC:
+        raise ProtocolError(f"not a somatize frame (it starts {bytes(prefix[:2])!r}, not {MAGIC!r})")
+    if version != VERSION:
+        raise ProtocolError(
+            f"a frame of wire protocol {version}, and this side speaks {VERSION}; "
+            "install the same somatize on both ends"
+        )
+    if flags & ~(MACED | SEALED) or (flags & SEALED and not flags & MACED):
+        raise ProtocolError(f"a frame with unknown flags {flags:#x}")
+    if header_len > limits.header:
+        raise ProtocolError(f"a frame header of {header_len} bytes is over the limit of {limits.header}")
+    if header_len + body_len + PREFIX > limits.frame:
+        raise ProtocolError(
+            f"a frame of {header_len + body_len + PREFIX} bytes is over the limit of {limits.frame}"
+        )
+    return flags, header_len, body_len, bytes(prefix[_PREFIX.size:])
+
+
+def read_header(raw: bytes | bytearray | memoryview, body_len: int, limits: Limits) -> tuple[str, dict[str, Any], list[int]]:
+    """The kind, the header and the buffer sizes; anything malformed is a ProtocolError."""
+    try:
+        head = msgpack.unpackb(raw, raw=False, strict_map_key=True, use_list=True,
+                               ext_hook=_no_ext)
+    except ProtocolError:
+        raise
+    except Exception as exc:  # msgpack has a dozen ways of saying "not msgpack"
+        raise ProtocolError(f"a frame header that is not msgpack ({type(exc).__name__}: {exc})") from None
+    if type(head) is not dict:
+        raise ProtocolError(f"a frame header is a map, not a {type(head).__name__}")
+    kind = head.get("k")
+    if kind not in KINDS:
+        raise ProtocolError(f"a frame of unknown kind {kind!r}")
+    sizes = head.get("b", [])
+    if (type(sizes) is not list or len(sizes) > limits.buffers
+            or not all(type(n) is int and n >= 0 for n in sizes)):
+        raise ProtocolError(f"a {kind!r} frame with malformed buffer sizes")
+    if sum(sizes) != body_len:
+        raise ProtocolError(
+            f"a {kind!r} frame announces {body_len} bytes of buffers and sizes adding to {sum(sizes)}"
+        )
+    return kind, head, sizes
+
+
+def _no_ext(code: int, data: bytes) -> Any:
+    raise ProtocolError(f"a frame header with a msgpack extension type ({code})")
+
+
+def check_header_mac(session: Session | None, flags: int, prefix: bytes | bytearray,
+                     raw: bytes | bytearray, mac: bytes) -> int | None:
+    """Verifies a header's MAC and returns the sequence number it was checked at."""
+    if session is None:
+        if flags:
+            raise ProtocolError("an authenticated frame before the handshake finished")
+        return None
+    if not flags & MACED:
+        raise ProtocolError("a frame without a MAC on an authenticated connection")
+    seq = session.received
+    expected = session.tag(session.peer, seq, bytes(prefix[:_PREFIX.size]), raw)
+    if not hmac.compare_digest(expected, mac):
+        raise ProtocolError(
+            "a frame whose MAC does not match: replayed, reordered, altered or forged"
+        )
+    session.received += 1
+    return seq
+
+
+def check_seal(session: Session, seq: int, mac: bytes, buffers: list[Any], trailer: bytes) -> None:
+    expected = session.tag(session.peer, seq, mac, *buffers)
+    if not hmac.compare_digest(expected, bytes(trailer)):
+        raise ProtocolError("a sealed frame whose buffers do not match their MAC")
+
+
+def decode(data: bytes | bytearray | memoryview, limits: Limits = HANDSHAKE,
+           session: Session | None = None) -> list[Frame]:
+    """Every frame in ``data``, which must hold whole frames and nothing else.
+
+    The same checks a connection makes, over bytes already in hand: what is not a
+    frame of ours, in any way, raises ProtocolError and nothing else.
+    """
+    view = memoryview(data).cast("B") if not isinstance(data, memoryview) else data.cast("B")
+    frames = []
+    at = 0
+    while at < len(view):
+        prefix = _take(view, at, PREFIX, "prefix")
+        flags, header_len, body_len, mac = split_prefix(prefix, limits)
+        at += PREFIX
+        raw = _take(view, at, header_len, "header")
+        at += header_len
+        seq = check_header_mac(session, flags, prefix, raw, mac)
+        kind, head, sizes = read_header(raw, body_len, limits)
+        buffers = []
+        for size in sizes:
+            buffers.append(bytearray(_take(view, at, size, "buffer")))
+            at += size
+        if flags & SEALED:
+            trailer = _take(view, at, MAC_SIZE, "seal")
+            at += MAC_SIZE
+            check_seal(session, seq, mac, buffers, trailer)  # type: ignore[arg-type]
+        frames.append(Frame(kind, head, buffers, PREFIX + header_len + body_len
+                            + (MAC_SIZE if flags & SEALED else 0), bool(flags & SEALED)))
+    return frames
+
+
+def _take(view: memoryview, at: int, size: int, what: str) -> memoryview:
+    if at + size > len(view):
+        raise ProtocolError(f"a frame truncated in its {what} ({len(view) - at} of {size} bytes)")
+    return view[at:at + size]

@@ -1,0 +1,165 @@
+"""``python -m somatize.worker --listen HOST:PORT``: a worker that runs what it is sent.
+
+Its first line on stdout is ``listening on HOST:PORT`` (``:0`` picks a free port and
+prints the real one); everything after goes to stderr, one line per connection,
+catalog and slice. SIGTERM and SIGINT end it cleanly, with exit code 0.
+
+Listening beyond loopback without a token is refused: whoever reaches the port could
+make it unpickle anything. ``--insecure`` says the network is yours alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import signal
+import socket
+import sys
+import threading
+from typing import Any
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m somatize.worker",
+        description="Run the slices of somatize graphs that clients send here.")
+    parser.add_argument("--listen", required=True, metavar="HOST:PORT",
+                        help="where to listen; port 0 picks a free one")
+    parser.add_argument("--token-file", metavar="FILE",
+                        help="the shared secret, read from FILE (default: $SOMATIZE_TOKEN)")
+    parser.add_argument("--insecure", action="store_true",
+                        help="allow listening beyond loopback without a token")
+    parser.add_argument("--tls-cert", metavar="CERT", help="serve TLS with this certificate chain")
+    parser.add_argument("--tls-key", metavar="KEY", help="the certificate's private key")
+    parser.add_argument("--timeout", type=float, default=30.0, metavar="S",
+                        help="how long a client may stay silent mid-frame or mid-handshake")
+    parser.add_argument("--max-frame", type=int, default=None, metavar="BYTES",
+                        help="the largest frame accepted (default 16 GiB)")
+    parser.add_argument("--max-header", type=int, default=None, metavar="BYTES",
+                        help="the largest frame header accepted (default 64 MiB)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs a worker until SIGTERM or SIGINT; returns the exit code."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    from ._errors import DeclarationError
+    from .wire.declare import parse_address
+    from .wire.protocol import Limits
+
+    try:
+        host, port = parse_address(args.listen, listening=True)
+    except DeclarationError as exc:
+        parser.error(str(exc))
+    token = _token(parser, args.token_file)
+    if token is None and not args.insecure and not _loopback(host):
+        print(f"somatize.worker: refusing to listen on {args.listen} without a token, since "
+              "anyone who reaches it could run code here. Give it a token (SOMATIZE_TOKEN=... "
+              "or --token-file FILE), or pass --insecure if that network is yours alone.",
+              file=sys.stderr)
+        return 2
+    if args.timeout <= 0:
+        parser.error(f"--timeout is a positive number of seconds, not {args.timeout}")
+    try:
+        limits = Limits(**{k: v for k, v in (("frame", args.max_frame), ("header", args.max_header))
+                           if v is not None})
+    except ValueError as exc:
+        parser.error(str(exc))
+    tls = _tls(parser, args.tls_cert, args.tls_key)
+    return _serve(host, port, token, tls, args.timeout, limits)
+
+
+def _serve(host: str, port: int, token: bytes | None, tls: Any, timeout: float, limits: Any) -> int:
+    from .wire.server import Server, say
+
+    _die_with_parent()
+    try:
+        server = Server(host, port, token=token, tls=tls, timeout=timeout, limits=limits)
+    except OSError as exc:
+        print(f"somatize.worker: cannot listen on {host}:{port}: {exc.strerror or exc}",
+              file=sys.stderr)
+        return 1
+    print(f"listening on {server.address}", flush=True)
+    # Whatever a node prints goes to stderr from here on: a client that read the first
+    # line may not read another, and a full pipe would stop the worker mid-slice.
+    os.dup2(2, 1)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: server.stop())
+    say("listening on %s (token: %s, tls: %s)", server.address, "yes" if token else "no",
+        "yes" if tls else "no")
+    server.serve()
+    return 0
+
+
+def _token(parser: argparse.ArgumentParser, path: str | None) -> bytes | None:
+    if path is not None:
+        try:
+            with open(path, "rb") as handle:
+                token = handle.read().strip()
+        except OSError as exc:
+            parser.error(f"cannot read --token-file {path}: {exc.strerror or exc}")
+        if not token:
+            parser.error(f"--token-file {path} is empty")
+        return token
+    said = os.environ.get("SOMATIZE_TOKEN")
+    return said.encode() if said else None
+
+
+def _tls(parser: argparse.ArgumentParser, cert: str | None, key: str | None) -> Any:
+    if cert is None and key is None:
+        return None
+    if cert is None or key is None:
+        parser.error("TLS needs both --tls-cert and --tls-key")
+    import ssl
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        parser.error(f"cannot load the TLS certificate {cert} with key {key}: {exc}")
+    return context
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        pass
+    try:
+        found = socket.getaddrinfo(host, None)
+    except OSError:
+        return False
+    return bool(found) and all(ipaddress.ip_address(f[4][0]).is_loopback for f in found)
+
+
+def _die_with_parent() -> None:
+    """A child of a client ends with it, even when the client is killed outright."""
+    parent = os.environ.pop("SOMATIZE_PARENT_PID", None)
+    if not parent or not parent.isdigit():
+        return
+    parent_pid = int(parent)
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent_pid:  # it died before we could ask
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def watch() -> None:  # where prctl is missing, notice being orphaned
+        while os.getppid() == parent_pid:
+            threading.Event().wait(1.0)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="somatize-parent-watch", daemon=True).start()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""Nodes the wire tests send to workers in mode='project': the worker imports this
+module from its PYTHONPATH, so it lives beside the tests and not in them."""
+
+import os
+import time
+
+from somatize import Node, Opaque
+
+
+class Clean(Node):
+    def forward(self, x, ctx):
+        return x.strip()
+
+
+class Shout(Node):
+    def forward(self, x, ctx):
+        return x.upper()
+
+
+class Add(Node):
+    def __init__(self, n):
+        self.n = n
+
+    def forward(self, x, ctx):
+        return x + self.n
+
+
+class Where(Node):
+    """Answers with the process it ran in, so a test can tell here from there."""
+
+    def forward(self, x, ctx):
+        return {"pid": os.getpid(), "input": x, "device": ctx.device}
+
+
+class Sleep(Node):
+    def __init__(self, seconds):
+        self.seconds = seconds
+
+    def forward(self, x, ctx):
+        time.sleep(self.seconds)
+        return x
+
+
+class Boom(Node):
+    def forward(self, x, ctx):
+        raise ValueError(f"boom on {x!r}")
+
+
+class Handle:
+    """Something with no codec: it cannot cross a wire."""
+
+    def __init__(self, value):
+        self.value = value
+
+
+class Hold(Node):
+    def forward(self, x, ctx):
+        return Opaque(Handle(x))
+
+
+class Unhold(Node):
+    def forward(self, x, ctx):
+        return x.value
+
+
+class Join(Node):
+    def forward(self, x, ctx):
+        return {"order": list(x), "values": list(x.values())}
+
+
+class Count(Node):
+    """Keeps state between forwards: the worker's copy counts, the client's does not."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def forward(self, x, ctx):
+        self.calls += 1
+        return self.calls
+
+
+class Echo(Node):
+    def forward(self, x, ctx):
+        return x
+
+
+class Const(Node):
+    def __init__(self, value):
+        self.value = value
+
+    def forward(self, x, ctx):
+        return self.value
+
+
+class UnholdJoin(Node):
+    def forward(self, x, ctx):
+        return [x["hold"].value, x["const"]]
+
+
+class Behind(Node):
+    """Says what a trainer says when the activation it was asked about is gone."""
+
+    def forward(self, x, ctx):
+        from somatize._errors import OutOfStep
+
+        raise OutOfStep(f"no activation waits for step {x}")
+
+
+class Twice(Node):
+    """A position: what a walk back runs (a trainer is one), doubling what arrives."""
+
+    _soma_position = True
+
+    def forward(self, x, ctx):
+        return {"doubled": x * 2, "pid": os.getpid()} if isinstance(x, int) else {
+            "doubled": x["doubled"] * 2, "pid": os.getpid()}
