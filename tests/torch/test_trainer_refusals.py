@@ -96,14 +96,6 @@ def test_an_objective_that_cannot_be_called_is_refused():
         Trainer(g, objective="mse", optimizer=sgd(parameters(g)))
 
 
-@pytest.mark.parametrize("given", [{"auditing": True}])
-def test_what_is_not_built_yet_is_refused_saying_so(given):
-    g, body, _ = graph(body=lambda b: b.frozen())
-    with pytest.raises(DeclarationError, match="not built yet"):
-        Trainer(g, objective=F.mse_loss, optimizer=sgd(parameters(g, without=["body"])), **given)
-    assert unchanged(g, body)
-
-
 def test_a_slice_on_another_host_needs_a_broker_at_the_first_step():
     g, _, _ = graph(head=lambda h: h.at("gpu"))
     trainer = Trainer(g, objective=F.mse_loss, optimizer=sgd(parameters(g, without=["head"])))

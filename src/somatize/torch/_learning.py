@@ -31,6 +31,7 @@ from .._node import Ctx, Node, Opaque
 __all__ = ["Enters", "Learning", "Split", "carries", "envelope", "gradient", "is_envelope"]
 
 KEY = "__soma_envelope__"
+ASKING = "__soma_weights__"  # walked back to a trainer: answer the node's weights
 
 
 def envelope(gradient: Any, closing: bool = False) -> dict[str, Any]:
@@ -184,6 +185,11 @@ class Learning(Node):
         detached); an envelope is dL/d(that activation), to learn from."""
         if carries(value):
             return self._learn_from(value, ctx)
+        if type(value) is dict and ASKING in value:
+            from ._weights import weights_of
+
+            return {ASKING: {k: v.detach().clone() if isinstance(v, torch.Tensor) else v
+                             for k, v in weights_of(self._node).items()}}
         self._held = value
         return Opaque(value.detach()) if isinstance(value, torch.Tensor) else value
 

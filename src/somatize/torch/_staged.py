@@ -171,6 +171,15 @@ class Staged:
                 self._walk_back(stage, {n: envelope(None, closing=True)
                                         for n in stage.back_given}, watching, since)
 
+    def weights(self, node: str) -> dict[str, Any]:
+        """The weights of a trained node as they are where it runs: asked of its
+        trainer, walked back like a gradient, since that is the channel there is."""
+        from ._learning import ASKING
+
+        answer = execute(self.private, nodes=[node], given={node: {ASKING: True}},
+                         want=[node], transposed=True, broker=self.broker)
+        return answer[node][ASKING]
+
     def _walk_back(self, stage: Stage, given: dict[str, Any], watching: Any,
                    since: int) -> dict[str, Any]:
         return execute(self.private, nodes=stage.trained, given=given,

@@ -1,0 +1,97 @@
+"""Split training with the far half on a real worker process: bit for bit, OutOfStep
+after a restart, and the trainer's weights read back from where they are."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("msgpack")
+
+from somatize import Broker, Graph, Worker  # noqa: E402
+from somatize.torch import OutOfStep, Split, Trainer, parameters  # noqa: E402
+
+from splitnets import Lin  # noqa: E402
+
+mse = torch.nn.functional.mse_loss
+TOKEN = "split-remote-" + "9" * 20
+
+
+def net(host=None, seed=0):
+    torch.manual_seed(seed)
+    body = Lin(8, 6).named("body")
+    body = body.at(host) if host else body
+    return Graph.somatize(Lin(8, 8).named("encoder") >> body >> Lin(6, 1, relu=False).named("head"))
+
+
+def batches(n=10, seed=1):
+    torch.manual_seed(seed)
+    return [(torch.randn(16, 8), torch.randn(16, 1)) for _ in range(n)]
+
+
+def weights(g, nodes):
+    return [p.detach().clone() for n in nodes for p in g.implementation(n).parameters()]
+
+
+@pytest.fixture(scope="module")
+def worker():
+    with Worker.generic(mode="network", send=["splitnets"]) as w:
+        yield w
+
+
+@pytest.mark.parametrize("every", [1, 3])
+def test_the_far_half_on_a_worker_trains_bit_for_bit(worker, every):
+    one = net()
+    whole = Trainer(one, objective=mse, every=every,
+                    optimizer=torch.optim.SGD(parameters(one), lr=0.1))
+    cut = net("gpu")
+    trains = {"body": Split(torch.optim.SGD, lr=0.1)}
+    split = Trainer(cut, objective=mse, every=every, trains=trains,
+                    optimizer=torch.optim.SGD(parameters(cut, without=trains), lr=0.1),
+                    broker=Broker.embedded({"gpu": worker}))
+    assert [whole.step(b) for b in batches()] == [split.step(b) for b in batches()]
+    here = ["encoder", "head"]
+    assert all(torch.equal(a, b) for a, b in zip(weights(one, here), weights(cut, here)))
+    # the body here never learnt: its weights are on the worker...
+    assert all(torch.equal(a, b) for a, b in zip(weights(net(), ["body"]), weights(cut, ["body"])))
+    # ...and read back from there they are the same as trained in one piece
+    far = split.export()["body"]
+    mine = whole.export()["body"]
+    assert far.keys() == mine.keys() and all(torch.equal(far[k], mine[k]) for k in far)
+
+
+def _standing(port=0):
+    """A worker started from the command line, as on another machine."""
+    env = dict(os.environ, SOMATIZE_TOKEN=TOKEN, PYTHONPATH=os.pathsep.join(sys.path))
+    proc = subprocess.Popen([sys.executable, "-m", "somatize.worker", "--listen",
+                             f"127.0.0.1:{port}"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True)
+    line = proc.stdout.readline()
+    assert line.startswith("listening on "), line
+    return proc, line.split()[-1]
+
+
+def test_a_worker_restarted_mid_step_is_out_of_step_not_a_wrong_answer():
+    proc, addr = _standing()
+    try:
+        cut = net("gpu")
+        trains = {"body": Split(torch.optim.SGD, lr=0.1)}
+        with Worker.at(addr, mode="network", send=["splitnets"], token=TOKEN) as gpu:
+            t = Trainer(cut, objective=mse, trains=trains,
+                        optimizer=torch.optim.SGD(parameters(cut, without=trains), lr=0.1),
+                        broker=Broker.embedded({"gpu": gpu}))
+            t.step(batches(1)[0])
+            x, y = batches(1, seed=5)[0]
+            loss = t._loss(t._forward(x), y)  # the forward half of a step...
+            proc.kill()
+            proc.wait(5)
+            proc, _ = _standing(int(addr.rsplit(":", 1)[1]))  # ...a restart...
+            with pytest.raises(OutOfStep, match="activation is not here") as caught:
+                t._backward(loss, 1.0)  # ...and the backward half finds nothing to learn from
+            assert "gpu" in str(caught.value)
+            assert t.step(batches(1, seed=6)[0]) > 0  # the next whole step is fine
+    finally:
+        proc.kill()
+        proc.wait(5)
