@@ -177,6 +177,21 @@ class Store:
         store._backend = backend
         return store
 
+    @classmethod
+    def on_bucket(cls, endpoint: str, bucket: str, *, region: str = "us-east-1",
+                  key: str | None = None, secret: str | None = None, hosted: bool = False,
+                  prefix: str = "") -> Store:
+        """The same store in an S3 bucket, for machines that share no directory.
+
+        Needs boto3 (the ``s3`` extra). The endpoint is asked to honour a conditional
+        write before this returns, and refused if it does not; see
+        ``somatize.store.bucket`` for the layout, addressing and credentials.
+        """
+        from .bucket import BucketBackend  # boto3 is imported only by whoever asks for it
+
+        return cls.over(BucketBackend.opened(endpoint, bucket, region=region, key=key,
+                                             secret=secret, hosted=hosted, prefix=prefix))
+
     @property
     def where(self) -> str:
         """Where the store is: its directory, or the backend's own address."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 from .._errors import NoGradient, OutOfStep
 from ._architecture import architecture, kind_of, traced
 from ._codec import register as _register
+from ._federated import fedavg, gather
 from ._learning import Learning, Split, envelope, gradient
 from ._proxies import EVERY, proxies, proxy
 from ._trainer import Result, Trainer
@@ -41,7 +42,9 @@ __all__ = [
     "Trainer",
     "architecture",
     "envelope",
+    "fedavg",
     "freeze",
+    "gather",
     "gradient",
     "kind_of",
     "parameters",
