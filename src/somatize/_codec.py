@@ -21,7 +21,7 @@ from typing import Any
 from ._errors import UnwritableError
 from ._node import Opaque
 
-__all__ = ["codec", "codecs_registered", "dumps", "loads", "pack", "unpack", "codec_for"]
+__all__ = ["codec", "codecs_registered", "dumps", "loads", "pack", "pieces_of", "unpack", "codec_for"]
 
 # kind -> (type, dump, load); type -> kind. Registration is rare; lookups are hot.
 _by_kind: dict[str, tuple[type, Callable[[Any], Any], Callable[[bytes], Any]]] = {}
@@ -41,7 +41,9 @@ DATA_TYPES = (type(None), bool, int, float, str, bytes, list, tuple, dict)
 def codec(kind: str, of_type: type, *, dump: Callable[[Any], Any], load: Callable[[bytes], Any]) -> None:
     """Says how objects of ``of_type`` are written down (``dump``) and read back (``load``).
 
-    ``dump`` returns bytes (or any buffer); ``load`` takes bytes. Saying the same thing
+    ``dump`` returns bytes, any buffer, or a tuple of buffers that are written one after
+    the other (so a header and a view of memory that is already there need no copy to
+    join them); ``load`` takes one bytes-like object. Saying the same thing
     again is harmless; a kind already taken by another type, or a type already written
     under another kind, is refused, since stored bytes would then read back as something
     else.
@@ -187,10 +189,15 @@ def dumps(value: Any) -> bytes:
     head = json.dumps(tree, separators=(",", ":"), allow_nan=True).encode()
     parts = [MAGIC, _LENGTH.pack(len(head)), head, _LENGTH.pack(len(buffers))]
     for buffer in buffers:
-        view = memoryview(buffer).cast("B")
-        parts.append(_LENGTH.pack(view.nbytes))
-        parts.append(view)
+        pieces = [memoryview(piece).cast("B") for piece in pieces_of(buffer)]
+        parts.append(_LENGTH.pack(sum(piece.nbytes for piece in pieces)))
+        parts.extend(pieces)
     return b"".join(parts)
+
+
+def pieces_of(buffer: Any) -> tuple[Any, ...]:
+    """A codec's output as the buffers it is made of, in order."""
+    return buffer if type(buffer) is tuple else (buffer,)
 
 
 def loads(blob: bytes) -> Any:

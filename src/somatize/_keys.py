@@ -19,7 +19,7 @@ import hashlib
 import struct
 from typing import Any
 
-from ._codec import codec_for
+from ._codec import codec_for, pieces_of
 from ._errors import UnwritableError
 from ._node import Opaque
 
@@ -87,7 +87,10 @@ def _feed_opaque(update: Any, value: Any) -> None:
         kind, dump = codec_for(value)
     except UnwritableError:
         raise Unwritable(type(value)) from None
-    inner = hashlib.sha256(dump(value)).digest()
+    inner = hashlib.sha256()
+    for piece in pieces_of(dump(value)):  # a header and a view: hashed where they lie
+        inner.update(piece)
+    inner = inner.digest()
     update(b"o")
     feed(update, kind)
     update(inner)

@@ -8,8 +8,10 @@ is what lets a tensor input be part of a key. For the dtypes safetensors knows t
 blob is a valid safetensors file; the others (complex128, complex32, the shell
 dtypes) use torch's own name. No pickle, so reading a blob runs no code.
 
-Writing copies the values once, straight from wherever they are (a GPU included) into
-the blob. Reading gives a CPU tensor whose memory is a copy of the blob's.
+Writing a contiguous CPU tensor copies nothing: its header and a view of its memory
+are handed on; any other tensor is copied once, straight from wherever it is (a GPU
+included) into the blob. Reading a writable buffer (what the wire receives into)
+makes a tensor over that buffer; reading bytes copies once.
 Quantized, sparse and meta tensors are refused: they are not a dtype and a block of
 values.
 """
@@ -25,7 +27,7 @@ import torch
 
 from .._errors import CorruptObject, UnwritableError
 
-__all__ = ["KIND", "dump", "load", "register"]
+__all__ = ["KIND", "dump", "load", "pieces", "register"]
 
 KIND = "torch.Tensor"
 
@@ -64,8 +66,16 @@ _WRITTEN, _READ = _tables()
 _SHELL_DTYPES = frozenset(getattr(torch, n) for n in _SHELLS if hasattr(torch, n))
 
 
-def dump(tensor: torch.Tensor) -> bytearray:
+def dump(tensor: torch.Tensor) -> bytes | bytearray:
     """The tensor's dtype, shape and values as one safetensors blob."""
+    written = pieces(tensor)
+    return b"".join(written) if type(written) is tuple else written
+
+
+def pieces(tensor: torch.Tensor) -> bytearray | tuple[bytes, Any]:
+    """What the codec hands on: ``dump``'s blob, or, for a contiguous tensor on the CPU,
+    its header and a view of its own memory to be written one after the other — so
+    keying and sending it copy nothing. Any other tensor is copied once, into the blob."""
     label = _label(tensor)
     shape = list(tensor.shape)
     size = tensor.numel() * tensor.element_size()
@@ -75,6 +85,9 @@ def dump(tensor: torch.Tensor) -> bytearray:
     ).encode()
     header += b" " * (-(len(header) + _LENGTH.size) % _ALIGN)
     start = _LENGTH.size + len(header)
+    values = _in_place(tensor.detach()) if size else None
+    if values is not None:
+        return _LENGTH.pack(len(header)) + header, values
     blob = bytearray(start + size)
     blob[:start] = _LENGTH.pack(len(header)) + header
     if size:
@@ -87,6 +100,18 @@ def dump(tensor: torch.Tensor) -> bytearray:
         # One pass: device, layout and lazy conj/neg bits are all resolved by copy_.
         target.view(shape).copy_(source)
     return blob
+
+
+def _in_place(tensor: torch.Tensor) -> Any:
+    """The tensor's values as a buffer over its own memory, or None where there is no
+    such buffer (another device, a strided view, lazy conj/neg bits, a shell dtype)."""
+    if (tensor.device.type != "cpu" or not tensor.is_contiguous() or tensor.is_conj()
+            or tensor.is_neg() or tensor.dtype in _SHELL_DTYPES):
+        return None
+    try:  # through numpy's buffer; a torch without numpy copies instead
+        return tensor.reshape(-1).view(torch.uint8).numpy()
+    except (RuntimeError, TypeError):
+        return None
 
 
 def _label(tensor: Any) -> str:
@@ -117,8 +142,11 @@ def load(blob: bytes) -> torch.Tensor:
     dtype, shape, start, size = _header(blob)
     if size == 0:
         return torch.empty(shape, dtype=dtype)
-    # bytearray: torch needs memory it may write to, and this is the one copy.
-    values = torch.frombuffer(bytearray(memoryview(blob)[start:]), dtype=torch.uint8)
+    view = memoryview(blob)
+    if view.readonly:  # torch needs memory it may write to: this is the one copy
+        values = torch.frombuffer(bytearray(view[start:]), dtype=torch.uint8)
+    else:  # a buffer received for us alone (the wire's): the tensor lives in it
+        values = torch.frombuffer(blob, dtype=torch.uint8, offset=start, count=size)
     if dtype in _SHELL_DTYPES:
         return values.view(shape).view(dtype)
     return values.view(dtype).view(shape)
@@ -160,4 +188,4 @@ def register() -> None:
     """Says, once per process, that a tensor is written down by this module."""
     from .._codec import codec
 
-    codec(KIND, torch.Tensor, dump=dump, load=load)
+    codec(KIND, torch.Tensor, dump=pieces, load=load)
