@@ -115,6 +115,8 @@ class Staged:
                         "different batches would be kept under one name; cache only in "
                         "front of the first trained or remote node"
                     )
+        self.through = {n for stage in self.stages for n in stage.untrained_here
+                        if n in self.leaves}
         self.broker = broker
         self.store = store
         self._pass: Any = None
@@ -132,7 +134,11 @@ class Staged:
                 broker=self.broker, store=self.store if k == 0 else None,
                 watching=watching, framed=False, since=since))
             handed.append(leaves)
-        outputs = {n: _fresh(produced[n]) for n in self.leaves}
+        # An output made here by an untrained node keeps its graph, so the objective's
+        # backward runs straight through its stage; only a trainer's (detached) or a
+        # worker's output needs a leaf of its own to catch its gradient.
+        outputs = {n: produced[n] if n in self.through else _fresh(produced[n])
+                   for n in self.leaves}
         self._pass = (produced, handed, outputs)
         if len(outputs) == 1:
             return next(iter(outputs.values()))
@@ -146,7 +152,8 @@ class Staged:
         self._pass = None
         owed: dict[str, torch.Tensor] = {}
         for n, leaf in outputs.items():
-            _add(owed, n, getattr(leaf, "grad", None))
+            if n not in self.through:  # those already passed their gradient on
+                _add(owed, n, getattr(leaf, "grad", None))
         for stage, leaves in zip(reversed(self.stages), reversed(handed)):
             if stage.trainers:
                 answers = self._walk_back(stage, {n: envelope(owed.get(n))
