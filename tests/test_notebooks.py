@@ -1,0 +1,45 @@
+"""The notebooks beside the code run as written, each in a real kernel.
+
+Notebook 03 has its own test with its seed's exact expectations (tests/torch)."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+jupytext = pytest.importorskip("jupytext")
+nbclient = pytest.importorskip("nbclient")
+pytest.importorskip("ipykernel")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(name, tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    notebook = jupytext.read(ROOT / "notebooks" / name)
+    client = nbclient.NotebookClient(notebook, kernel_name="python3", timeout=300,
+                                     resources={"metadata": {"path": str(ROOT / "notebooks")}})
+    client.execute()
+    printed = []
+    for cell in notebook.cells:
+        for output in cell.get("outputs", []):
+            if output["output_type"] == "stream":
+                printed.append(output["text"])
+    return "".join(printed)
+
+
+@pytest.mark.slow
+def test_the_federated_notebook(tmp_path, monkeypatch):
+    printed = run("04_federated.py", tmp_path, monkeypatch)
+    assert "round 4: weights" in printed
+    assert "every client ends with the same weights: yes" in printed
+    assert "fed/nb/2/average" in printed
+
+
+@pytest.mark.slow
+def test_the_split_learning_notebook(tmp_path, monkeypatch):
+    printed = run("05_split.py", tmp_path, monkeypatch)
+    assert "losses equal, step for step: True" in printed
+    assert "body's weights equal: True" in printed
