@@ -95,3 +95,24 @@ def test_a_worker_restarted_mid_step_is_out_of_step_not_a_wrong_answer():
     finally:
         proc.kill()
         proc.wait(5)
+
+
+def test_a_node_trained_on_a_worker_is_audited_through_its_trainer(worker):
+    cut = net("gpu")
+    trains = {"body": Split(torch.optim.SGD, lr=0.1)}
+    seen = []
+    t = Trainer(cut, objective=mse, trains=trains, auditing=True, watching=seen.append,
+                optimizer=torch.optim.SGD(parameters(cut, without=trains), lr=0.1),
+                broker=Broker.embedded({"gpu": worker}))
+    for b in batches(3):
+        t.step(b)
+    health = [f for f in seen if f["fact"] == "health"]
+    far = [f for f in health if f["where"] == "body"]
+    assert [f["step"] for f in far] == [1, 2, 3]
+    assert all(f["host"] == "gpu" for f in far)
+    assert all(k in far[-1] for k in ("act_mean", "act_zero", "grad_norm", "weight_norm",
+                                      "update_ratio"))
+    assert far[-1]["grad_norm"] > 0 and far[-1]["update_ratio"] > 0
+    here = {f["where"] for f in health if "host" not in f}
+    assert here == {"encoder", "head"}  # hooked here; body measured over there only
+    t.close()

@@ -23,9 +23,11 @@ from __future__ import annotations
 
 from .._errors import NoGradient, OutOfStep
 from ._architecture import architecture, kind_of, traced
+from ._audit import Audit
 from ._codec import register as _register
 from ._federated import fedavg, gather
 from ._learning import Learning, Split, envelope, gradient
+from ._probe import probe
 from ._proxies import EVERY, proxies, proxy
 from ._trainer import Result, Trainer
 from ._weights import freeze, parameters
@@ -33,6 +35,7 @@ from ._weights import freeze, parameters
 _register()
 
 __all__ = [
+    "Audit",
     "EVERY",
     "Learning",
     "NoGradient",
@@ -48,6 +51,7 @@ __all__ = [
     "gradient",
     "kind_of",
     "parameters",
+    "probe",
     "proxies",
     "proxy",
     "traced",

@@ -32,6 +32,7 @@ __all__ = ["Enters", "Learning", "Split", "carries", "envelope", "gradient", "is
 
 KEY = "__soma_envelope__"
 ASKING = "__soma_weights__"  # walked back to a trainer: answer the node's weights
+HEALTH = "__soma_health__"  # beside an envelope: the health facts of the trainers it passed
 
 
 def envelope(gradient: Any, closing: bool = False) -> dict[str, Any]:
@@ -100,6 +101,10 @@ class Learning(Node):
     _built: Any = None
     _taken = 0
     _closing = False
+    _audit: Any = None  # an Audit of the node, watched by hand where it runs
+    _audited_as = ""
+    _pieces = 1  # learn calls that make one of the Trainer's steps (its micro)
+    _piece = 0
 
     def __init__(self, optimizer: Callable[..., Any], *, every: int | None = None, **how: Any):
         if not callable(optimizer):
@@ -119,6 +124,12 @@ class Learning(Node):
     def beside(self) -> tuple[Enters, Learning]:
         """Its two positions: the one that leafs the input, and itself."""
         return Enters(self), self
+
+    def audited(self, audit: Any, node_id: str, pieces: int = 1) -> Learning:
+        """Measures the node it trains with ``audit`` (fresh, unwatched), wherever it
+        runs; the health facts ride back on the envelopes it answers."""
+        self._audit, self._audited_as, self._pieces = audit, node_id, pieces
+        return self
 
     def accumulating(self, every: int | None) -> Learning:
         """How many steps go into one update, unless this technique said already."""
@@ -172,6 +183,10 @@ class Learning(Node):
         arrives is passed on to whoever fed the node."""
         if carries(value):
             return value
+        if self._audit is not None and self._piece == 0:
+            if self._audit._graph is None:
+                self._audit.by_hand(self._audited_as, self._node)
+            self._audit._begin(self._audit._graph)
         if isinstance(value, torch.Tensor):
             value = value.detach().requires_grad_(value.is_floating_point()
                                                   or value.is_complex())
@@ -191,16 +206,29 @@ class Learning(Node):
             return {ASKING: {k: v.detach().clone() if isinstance(v, torch.Tensor) else v
                              for k, v in weights_of(self._node).items()}}
         self._held = value
+        if self._audit is not None:
+            self._audit.saw(value)
         return Opaque(value.detach()) if isinstance(value, torch.Tensor) else value
 
     def _learn_from(self, value: Any, ctx: Ctx) -> Any:
         self._closing = closing(value)
         signal = gradient(value, ctx.device)
+        stepped = self._held is not None or signal is not None  # not update()'s message
         answer = self.learn(signal, ctx)
         ended = self.closes()
         self._taken = 0 if ended else self._taken + 1
         self._closing = False
-        return envelope(answer, closing=closing(value))
+        said = envelope(answer, closing=closing(value))
+        health = [f for v in (value.values() if KEY not in value else [value])
+                  for f in v.get(HEALTH, ())]  # what trainers below this one said
+        if self._audit is not None and stepped:
+            self._piece += 1
+            if self._piece >= self._pieces:
+                self._piece = 0
+                health += self._audit.observed(self._audit._graph, updated=ended)
+        if health:
+            said[HEALTH] = health
+        return said
 
     def learn(self, signal: torch.Tensor | None, ctx: Ctx) -> Any:
         """Handed dL/d(what the node produced) — None when nobody owes it anything this

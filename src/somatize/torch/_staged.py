@@ -87,6 +87,7 @@ class Stage:
         self.entries = [(f"{n}:in", private._preds[f"{n}:in"][0]) for n in self.trainers
                         if private._preds[f"{n}:in"] and private._preds[f"{n}:in"][0] not in inside]
         self.back_given = [n for n in self.trainers if n in self.wanted]
+        self.reporting = [f"{n}:in" for n in self.trainers]  # every trainer's answer
         trained = set(self.trained)
         self.untrained_here = [n for n in self.wanted
                                if n not in trained and private._hosts.get(n) is None]
@@ -120,6 +121,30 @@ class Staged:
         self.broker = broker
         self.store = store
         self._pass: Any = None
+        self.health: list[dict[str, Any]] = []  # what trainers on workers measured
+
+    def told(self, watching: Any) -> Any:
+        """``watching`` as the record should see this graph: the node a trainer stands
+        beside is the user's ``n``, not ``n:computes``, and the positions' own forward
+        passes (a leaf made, an activation let go of) are not nodes of the user's."""
+        if watching is None:
+            return None
+        watchers = list(watching) if isinstance(watching, (list, tuple)) else [watching]
+        trains = self.trains
+
+        def tell(fact: dict) -> None:
+            node = fact.get("node")
+            if node is not None:
+                if node in trains and fact.get("fact") == "ran" and not fact.get("backward"):
+                    return
+                base, colon, part = node.rpartition(":")
+                if colon and base in trains:
+                    if part == "in" and fact.get("fact") == "ran":
+                        return
+                    fact["node"] = base
+            for watcher in watchers:
+                watcher(fact)
+        return tell
 
     def forward(self, x: Any, watching: Any, since: int) -> Any:
         """Runs every stage in order; answers the graph's output, made of fresh leaves
@@ -160,6 +185,7 @@ class Staged:
                                                   for n in stage.back_given}, watching, since)
                 for entry, producer in stage.entries:
                     _add(owed, producer, gradient(answers[entry], _device(produced[producer])))
+                self._heard(answers)
             tensors, grads = [], []
             for n in stage.untrained_here:
                 value, grad = produced[n], owed.get(n)
@@ -190,8 +216,30 @@ class Staged:
     def _walk_back(self, stage: Stage, given: dict[str, Any], watching: Any,
                    since: int) -> dict[str, Any]:
         return execute(self.private, nodes=stage.trained, given=given,
-                       want=[entry for entry, _ in stage.entries], transposed=True,
+                       want=stage.reporting, transposed=True,
                        broker=self.broker, watching=watching, framed=False, since=since)
+
+    def _heard(self, answers: dict[str, Any]) -> None:
+        """Keeps the health facts that came back beside the gradients, with the host
+        of the trainer that measured them."""
+        from ._learning import HEALTH
+
+        hosts = self.private._hosts
+        for entry, answer in answers.items():
+            host = hosts.get(entry)
+            for fact in answer.get(HEALTH, ()) if type(answer) is dict else ():
+                self.health.append({**fact, "host": host} if host else fact)
+
+    def audited(self, audit: Any, pieces: int) -> None:
+        """Has each trainer on a worker measure its node like ``audit`` would here
+        (the Audit there cannot hook what it cannot reach; the trainer sees it all)."""
+        from ._audit import Audit
+
+        for node, learning in self.trains.items():
+            if node in self.private._hosts:
+                learning.audited(Audit(every=audit.every, snapshot=audit.snapshot,
+                                       channels=audit.channels, window=audit.window),
+                                 node, pieces)
 
     def clock(self) -> int:
         return time.perf_counter_ns()

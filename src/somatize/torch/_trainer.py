@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import sys
 import time
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +28,7 @@ import torch
 from .._errors import CacheError, DeclarationError, NodeError, NoGradient, OutOfStep
 from .._graph import Graph
 from .._node import Opaque
+from ._audit import audit_for
 from ._weights import Weights, freeze, has_parameters, held, load_into, snapshot
 
 __all__ = ["Result", "Trainer"]
@@ -53,7 +55,9 @@ class Trainer:
     over ``parameters(g)`` (or a part of them). ``every`` steps make one update and
     ``micro`` pieces make one step; they multiply. ``store`` makes a frozen
     ``.cached()`` prefix run once per distinct batch. ``watching`` is handed to every
-    forward and also told ``loss`` and ``updated``.
+    forward and also told ``loss`` and ``updated``. ``auditing=True`` (or an ``Audit``)
+    hooks the graph and tells ``watching`` one ``health`` fact per node after each
+    measured step; ``close()`` takes the hooks off (so does collecting the Trainer).
 
     Everything that makes a run wrong without making it fail is refused here, before
     the first step: a frozen node's parameters in the optimizer, parameters that
@@ -85,6 +89,7 @@ class Trainer:
             from .._remember import open_store
 
             store = open_store(store)
+        audit = audit_for(graph, auditing, self._watchers)  # checked here, hooked last
         freeze(graph)
         self._broker = broker
         self._staged = None
@@ -93,13 +98,21 @@ class Trainer:
 
             self._staged = Staged(graph, trains, broker=broker, store=store,
                                   steps_per_update=self._every * self._micro)
+            self._told = self._staged.told(self._watching)
         self._since = 0
         self._graph = graph
         self._objective = objective
         self._optimizer = optimizer
         self._store = store
         self._taken = 0  # steps in the group that is open; 0 means none is
+        self._described = False  # whether the watchers were told what the graph is
         self._checked = False
+        self._audit = audit
+        if audit is not None and self._staged is not None:
+            self._staged.audited(audit, self._micro)
+        if audit is not None:  # off again by close(), or when this Trainer is collected
+            audit._take(graph)
+            self._unhook = weakref.finalize(self, audit.release)
 
     def __repr__(self) -> str:
         return (f"Trainer({self._graph!r}, every={self._every}, micro={self._micro}, "
@@ -111,6 +124,16 @@ class Trainer:
         update when the group closes. Answers the whole batch's loss, undivided, so a
         history reads the same whatever ``every`` and ``micro`` are."""
         pieces = _pieces(batch, self._micro)
+        if not self._described and self._watchers:
+            self._described = True  # said once, before the first forward: it lands in it
+            from .._described import describe
+
+            self._emit({"fact": "graph", "graph": describe(self._graph)})
+        if self._audit is not None:
+            watched = self._audit._graph is not None
+            self._audit._begin(self._graph)
+            if self._staged is not None and not watched:  # hooks back on after close()
+                self._staged.private._changed()
         if self._taken == 0:
             self._open()
         losses = []
@@ -128,6 +151,13 @@ class Trainer:
             value = sum(loss.detach() * share for loss, (_, _, share) in zip(losses, pieces)).item()
         if self._watchers:
             self._emit({"fact": "loss", "value": value})
+        if self._audit is not None:  # after loss and updated, so they land in one record
+            for fact in self._audit.observed(self._graph, updated=self._taken == 0):
+                self._emit(fact)
+            if self._staged is not None:  # what trainers on workers measured, with the host
+                for fact in self._staged.health:
+                    self._emit(fact)
+                self._staged.health.clear()
         return value
 
     def update(self) -> bool:
@@ -141,7 +171,7 @@ class Trainer:
             return False
         if self._staged is not None:
             with _out_of_step():
-                self._staged.close(self._watching, time.perf_counter_ns())
+                self._staged.close(self._told, time.perf_counter_ns())
         self._close()
         return True
 
@@ -198,7 +228,7 @@ class Trainer:
         failed = True
         try:
             with _out_of_step():
-                output = self._staged.forward(x, self._watching, self._since)
+                output = self._staged.forward(x, self._told, self._since)
             failed = False
         finally:
             if self._watchers:
@@ -225,7 +255,7 @@ class Trainer:
         loss.backward()
         if self._staged is not None:
             with _out_of_step():
-                self._staged.backward(self._watching, self._since)
+                self._staged.backward(self._told, self._since)
 
     def _close(self) -> None:
         if self._optimizer is not None:
@@ -240,6 +270,13 @@ class Trainer:
     def _emit(self, fact: dict[str, Any]) -> None:
         for watcher in self._watchers:  # one dict for all of them, as the walk does
             watcher(fact)
+
+    def close(self) -> None:
+        """Takes the audit's hooks off the graph now, rather than when this Trainer is
+        collected. Not done by ``fit``, since ``step`` may go on after it; a step after
+        ``close`` puts the hooks back. Does nothing without ``auditing=``."""
+        if self._audit is not None:
+            self._audit.release()
 
     # -- what a run leaves --------------------------------------------------------------
     def export(self) -> Weights:
@@ -282,9 +319,6 @@ def _not_yet(graph: Any, auditing: Any) -> None:
     if not isinstance(graph, Graph):
         raise TypeError(f"Trainer takes a somatize Graph, not a {type(graph).__qualname__}; "
                         "build one with Graph.somatize(...)")
-    if auditing not in (None, False):
-        raise DeclarationError("auditing= was given: the audit of a training run is not "
-                               "built yet (a later issue); train without it for now")
 
 
 def _check_trains(graph: Graph, trains: Any, optimizer: Any,

@@ -1,0 +1,141 @@
+"""The health of a run drawn for its report: ``panel`` (a plotly figure) and ``section``
+(that figure under a table of the findings, as ``somatize.record.report`` takes it).
+
+plotly is imported when something is drawn, never before, so reading and judging a
+record needs nothing beyond somatize itself.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from typing import Any
+
+from ._read import health_facts, history_of
+from ._rules import Finding, findings_of, said
+
+__all__ = ["panel", "section"]
+
+# What each row draws, and which findings are marked on it.
+_ROWS = (("grad_norm", "gradient norm", True, ("vanishing", "exploding")),
+         ("update_ratio", "update ratio ‖Δw‖/‖w‖", True, ("not_updating", "update_too_large")),
+         ("act_zero", "share of zeros (dying)", False, ("dying",)),
+         ("act_saturated", "share saturated", False, ("saturated",)))
+_MARK = "rgb(214, 39, 40)"
+_COLOURS = ("#4c78a8", "#f58518", "#54a24b", "#b279a2", "#e45756", "#72b7b2", "#eeca3b",
+            "#ff9da6", "#9d755d", "#bab0ac")
+
+
+def panel(store: Any, run: str, findings: list[Finding] | None = None, **thresholds: float) -> Any:
+    """A plotly figure of a run's health: per where, over the measured steps, its
+    gradient norm, update ratio and shares of zeros and of saturated values, with each
+    finding marked on its row at the step it starts (a NaN or Inf on every row).
+
+    ``findings`` are what ``diagnose`` answered, if already at hand; otherwise it is
+    asked with ``thresholds``. A run without health facts draws an empty figure that
+    says so.
+    """
+    facts = health_facts(store, run)
+    if findings is None:
+        findings = findings_of(facts, **thresholds)
+    return _figure(run, history_of(facts), findings)
+
+
+def _figure(run: str, history: dict[str, dict[str, list]], findings: list[Finding]) -> Any:
+    from plotly.subplots import make_subplots
+
+    rows = [row for row in _ROWS if any(row[0] in measures for measures in history.values())] \
+        or list(_ROWS[:1])
+    figure = make_subplots(rows=len(rows), cols=1, shared_xaxes=True, vertical_spacing=0.06,
+                           subplot_titles=[title for _, title, _, _ in rows])
+    floors = {measure: _floor(history, measure) for measure, _, log, _ in rows if log}
+    for at, where in enumerate(history):
+        colour = _COLOURS[at % len(_COLOURS)]
+        for row, (measure, _, log, _) in enumerate(rows, 1):
+            series = history[where].get(measure, [])
+            if not series:
+                continue
+            figure.add_scatter(
+                x=[step for step, _ in series],
+                y=[_drawable(v, floors.get(measure)) for _, v in series],
+                customdata=[_shown(v) for _, v in series], mode="lines",
+                name=where, legendgroup=where, showlegend=row == 1 or not any(
+                    history[where].get(m) for m, *_ in rows[:row - 1]),
+                line={"color": colour, "width": 1.5 if "." not in where else 1,
+                      "dash": "solid" if "." not in where else "dot"},
+                hovertemplate=f"{html.escape(where)}<br>step %{{x}}<br>{measure} %{{customdata}}"
+                              "<extra></extra>", row=row, col=1)
+    for row, (_, _, log, _) in enumerate(rows, 1):  # shares are drawn on their whole range
+        figure.update_yaxes(type="log" if log else "linear", range=None if log else [-0.02, 1.02],
+                            row=row, col=1)
+    _mark(figure, rows, findings)
+    figure.update_xaxes(title_text="step", row=len(rows), col=1)
+    figure.update_layout(
+        title=f"Health of run {run}" + ("" if history else " — no health facts (not audited)"),
+        height=220 * len(rows) + 120, template="plotly_white",
+        font={"family": "Helvetica, Arial, sans-serif", "size": 13},
+        legend={"title": {"text": "where"}}, margin={"l": 70, "r": 30, "t": 70, "b": 50})
+    return figure
+
+
+def _floor(history: dict[str, dict[str, list]], measure: str) -> float:
+    """Where a log axis draws a zero: a decade under the smallest value above it, so a
+    layer whose gradient or update is exactly zero is still a line to point at."""
+    positive = [v for measures in history.values() for _, v in measures.get(measure, [])
+                if isinstance(v, (int, float)) and math.isfinite(v) and v > 0]
+    return min(positive) / 10 if positive else 1e-12
+
+
+def _drawable(value: Any, floor: float | None) -> float | None:
+    """A value an axis can show: non-finite ones are gaps, and on a log axis (with a
+    ``floor``) zeros are drawn on the floor."""
+    if not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return max(value, floor) if floor is not None else value
+
+
+def _shown(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, (int, float)) else str(value)
+
+
+def _mark(figure: Any, rows: list[tuple], findings: list[Finding]) -> None:
+    """A dotted line per row and step where findings start, saying which and where."""
+    marks: dict[tuple[int, int], dict[str, list[str]]] = {}
+    for finding in findings:
+        for row, (_, _, _, marked) in enumerate(rows, 1):
+            if finding.what in marked or finding.what == "nonfinite":
+                wheres = marks.setdefault((row, finding.since), {}).setdefault(finding.what, [])
+                wheres.append(finding.where)
+    for (row, since), said_here in marks.items():
+        text = "; ".join(f"{what} · {', '.join(wheres)}" for what, wheres in said_here.items())
+        figure.add_vline(x=since, row=row, col=1, line_dash="dot", line_color=_MARK,
+                         line_width=1, annotation_text=html.escape(text),
+                         annotation_font={"size": 10, "color": _MARK},
+                         annotation_position="top right")
+
+
+def section(store: Any, run: str) -> tuple[str, str] | None:
+    """The report's health section: the findings as a table, then the panel. A run
+    without health facts gets a line saying how to have them instead."""
+    facts = health_facts(store, run)
+    if not facts:
+        return ("Health", ("<p class='note'>This run has no <code>health</code> facts: a "
+                           "Trainer says them with <code>auditing=True</code>.</p>"))
+    findings = findings_of(facts)
+    figure = _figure(run, history_of(facts), findings)
+    body = figure.to_html(full_html=False, include_plotlyjs=False, div_id="somatize-health",
+                          config={"displaylogo": False})
+    return ("Health", table_html(findings) + body)
+
+
+def table_html(findings: list[Finding]) -> str:
+    """The findings as an HTML table, or a line saying there are none."""
+    if not findings:
+        return "<p>No findings at the default thresholds.</p>"
+    cells = "".join(
+        f"<tr><td>{html.escape(f.where)}</td><td>{html.escape(f.what)}</td>"
+        f"<td style='text-align:right'>{f.since}</td><td>{html.escape(said(f.evidence))}</td></tr>"
+        for f in findings)
+    return ("<table style='border-collapse:collapse;font-size:14px;margin-bottom:12px' "
+            "cellpadding='4'><tr><th align='left'>where</th><th align='left'>what</th>"
+            f"<th>since</th><th align='left'>evidence</th></tr>{cells}</table>")

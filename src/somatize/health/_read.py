@@ -1,0 +1,106 @@
+"""The ``health`` facts of a run, read back from its record: ``seen`` and ``history``.
+
+A run is listed with one scan of names; a record is opened only if it may hold
+``health`` facts (a Recorder that summarised ``health`` says in each binding's meta
+which do not). What a record held is kept by its digest, so the findings, the
+history and the panel of one report open each record once, a run that grew opens
+only its new records, and a record bound again is read again — never served stale.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Any
+
+from .._errors import RecordError
+from ..record._read import listed, read
+
+__all__ = ["health_facts", "history", "history_of", "seen"]
+
+_KEPT = 50_000  # records whose health facts are kept, the least recently read going first
+_kept: OrderedDict[str, tuple[dict[str, Any], ...]] = OrderedDict()
+_lock = threading.Lock()
+_NOT_MEASURES = ("fact", "where", "step")
+
+
+def health_facts(store: Any, run: str) -> list[dict[str, Any]]:
+    """Every well-formed ``health`` fact of a run, in the order they were said. The
+    facts are shared with later calls: read them, do not change them."""
+    found: list[dict[str, Any]] = []
+    for _, bound in listed(store, run):  # refuses an unknown run, naming the known ones
+        if "health" in bound.meta and bound.meta["health"] is None:
+            continue  # summarised, and said none
+        found.extend(_of_record(store, bound))
+    return found
+
+
+def _of_record(store: Any, bound: Any) -> tuple[dict[str, Any], ...]:
+    """The health facts of one record, read once: a digest names the bytes, so what was
+    read under it is what is there, in any store, for as long as it is kept."""
+    with _lock:
+        kept = _kept.get(bound.digest)
+        if kept is not None:
+            _kept.move_to_end(bound.digest)
+            return kept
+    kept = tuple(fact for fact in read(store, bound)["facts"]
+                 if type(fact) is dict and fact.get("fact") == "health"
+                 and isinstance(fact.get("where"), str) and type(fact.get("step")) is int)
+    with _lock:
+        _kept[bound.digest] = kept
+        while len(_kept) > _KEPT:
+            _kept.popitem(last=False)
+    return kept
+
+
+def _measures(fact: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in fact.items() if k not in _NOT_MEASURES}
+
+
+def seen(store: Any, run: str, step: int | None = None) -> dict[str, dict[str, Any]]:
+    """``{where: {measure: value}}`` at one measured step — the last by default.
+
+    The same shape ``probe`` answers. A step that was not measured is refused, naming
+    the measured steps around it; a run without any ``health`` fact answers ``{}``.
+    """
+    if step is not None and (type(step) is not int or step < 0):
+        raise TypeError(f"step is a step number (an int from 0), not {step!r}")
+    facts = health_facts(store, run)
+    if not facts:
+        return {}
+    if step is None:
+        step = facts[-1]["step"]
+    out: dict[str, dict[str, Any]] = {}
+    for fact in facts:
+        if fact["step"] == step:
+            out[fact["where"]] = _measures(fact)  # a step said twice: the later wins
+    if not out:
+        steps = sorted({fact["step"] for fact in facts})
+        below = [s for s in steps if s < step][-3:]
+        above = [s for s in steps if s > step][:3]
+        raise RecordError(
+            f"run {run!r} has no health facts at step {step}; measured steps near it are "
+            f"{', '.join(map(str, below + above))} (of {len(steps)}, from {steps[0]} to {steps[-1]})")
+    return out
+
+
+def history_of(facts: list[dict[str, Any]]) -> dict[str, dict[str, list[tuple[int, Any]]]]:
+    """The history in ``facts`` (as the Audit says them, or as read from a record)."""
+    out: dict[str, dict[str, list[tuple[int, Any]]]] = {}
+    for fact in facts:
+        if type(fact) is not dict or fact.get("fact") != "health":
+            continue
+        mine = out.setdefault(fact["where"], {})
+        step = fact["step"]
+        for measure, value in _measures(fact).items():
+            mine.setdefault(measure, []).append((step, value))
+    return out
+
+
+def history(store: Any, run: str) -> dict[str, dict[str, list[tuple[int, Any]]]]:
+    """``{where: {measure: [(step, value), ...]}}`` over the whole run, in record order.
+
+    Wheres in the order they were first said; a measure appears only where it was
+    measured (``act_saturated`` for bounded activations, histograms on snapshot steps).
+    """
+    return history_of(health_facts(store, run))

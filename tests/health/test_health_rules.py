@@ -1,0 +1,119 @@
+"""The rules of diagnose, one by one, on histories whose answer is known: a condition
+held over a window is a finding and a spike is not; thresholds are arguments."""
+
+import dataclasses
+import math
+
+import pytest
+from healthruns import chain, recorded
+
+from somatize.health import DEFAULTS, KINDS, Finding, diagnose, overlay
+from somatize.health._rules import findings_of
+from somatize.store import Store
+
+
+def said(steps):
+    """The facts an Audit would say for these steps (``chain``'s shape)."""
+    return [{"fact": "health", "where": where, "step": number, **measures}
+            for number, wheres in enumerate(steps, 1) for where, measures in wheres.items()]
+
+
+def healthy(n):
+    return {"act_zero": 0.5, "grad_norm": 1.0, "update_ratio": 1e-3, "nonfinite": 0}
+
+
+def found(facts, **thresholds):
+    return [(f.where, f.what, f.since) for f in findings_of(facts, **thresholds)]
+
+
+def test_a_healthy_run_has_no_findings():
+    assert found(said(chain(30, body=healthy, head=healthy))) == []
+
+
+def test_a_condition_held_over_the_window_is_found_since_the_windows_first_step():
+    zeros = lambda n: {**healthy(n), "act_zero": 0.95 if n >= 7 else 0.5}  # noqa: E731
+    finding = findings_of(said(chain(30, body=zeros, head=healthy)))
+    assert [(f.where, f.what, f.since) for f in finding] == [("body", "dying", 7)]
+    evidence = finding[0].evidence
+    assert evidence["measure"] == "act_zero" and evidence["threshold"] == 0.9
+    assert evidence["steps"] == 24 and evidence["median"] == pytest.approx(0.95)
+
+
+def test_a_spike_shorter_than_the_window_is_not_a_finding():
+    spiky = lambda n: {**healthy(n), "act_zero": 0.99 if n % 5 else 0.2}  # noqa: E731
+    assert found(said(chain(40, body=spiky, head=healthy))) == []
+    assert found(said(chain(40, body=spiky, head=healthy)), window=4) == [("body", "dying", 1)]
+
+
+def test_a_run_shorter_than_the_window_needs_the_condition_at_every_step():
+    assert found(said(chain(3, body=lambda n: {**healthy(n), "act_saturated": 0.8},
+                            head=healthy))) == [("body", "saturated", 1)]
+    half = lambda n: {**healthy(n), "act_saturated": 0.8 if n > 1 else 0.1}  # noqa: E731
+    assert found(said(chain(3, body=half, head=healthy))) == []
+
+
+def test_a_nan_is_found_at_once_and_what_follows_it_is_left_to_it():
+    after = lambda n: {**healthy(n), "nonfinite": 3 if n >= 5 else 0,  # noqa: E731
+                       "update_ratio": math.inf if n >= 5 else 1e-3}
+    finding = findings_of(said(chain(30, body=after, head=healthy)))
+    assert [(f.where, f.what, f.since) for f in finding] == [("body", "nonfinite", 5)]
+    assert finding[0].evidence["count"] == 3
+
+
+def test_vanishing_and_exploding_are_measured_against_where_the_loss_enters():
+    vanishing = lambda n: {**healthy(n), "grad_norm": 1e-5}  # noqa: E731
+    exploding = lambda n: {**healthy(n), "grad_norm": 500.0}  # noqa: E731
+    facts = said(chain(20, first=vanishing, second=exploding, head=healthy))
+    assert found(facts) == [("first", "vanishing", 1), ("second", "exploding", 1)]
+    # the loss end itself is the reference, never a finding of either kind
+    tiny_everywhere = said(chain(20, body=vanishing, head=vanishing))
+    assert found(tiny_everywhere) == []
+
+
+def test_a_layer_that_does_not_move_or_moves_too_much():
+    still = lambda n: {**healthy(n), "update_ratio": 0.0}  # noqa: E731
+    wild = lambda n: {**healthy(n), "update_ratio": 0.8}  # noqa: E731
+    assert found(said(chain(12, body=still, head=wild))) == [
+        ("body", "not_updating", 1), ("head", "update_too_large", 1)]
+
+
+def test_thresholds_are_arguments_and_change_the_answer_without_training():
+    zeros = lambda n: {**healthy(n), "act_zero": 0.75}  # noqa: E731
+    facts = said(chain(20, body=zeros, head=healthy))
+    assert found(facts) == []
+    assert found(facts, dying=0.7) == [("body", "dying", 1)]  # AUTOTRAINER's published 0.7
+    with pytest.raises(TypeError, match="no threshold 'dead'.*dying"):
+        findings_of(facts, dead=0.5)
+    with pytest.raises(ValueError, match="window=2.5"):
+        findings_of(facts, window=2.5)
+    with pytest.raises(ValueError, match="dying=nan"):
+        findings_of(facts, dying=float("nan"))
+
+
+def test_every_kind_has_a_default_and_findings_come_in_step_then_where_order():
+    assert set(KINDS) - {"nonfinite"} <= set(DEFAULTS) and "window" in DEFAULTS
+    late = lambda n: {**healthy(n), "act_zero": 1.0 if n > 5 else 0.1}  # noqa: E731
+    early = lambda n: {**healthy(n), "update_ratio": 0.0}  # noqa: E731
+    assert found(said(chain(20, a=late, b=early, head=healthy))) == [
+        ("b", "not_updating", 1), ("a", "dying", 6)]
+
+
+def test_a_finding_is_frozen_plain_data_and_overlay_colours_the_node():
+    finding = Finding("body.net.0", "dying", 3, {"measure": "act_zero"})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        finding.where = "head"
+    assert finding.as_dict() == {"where": "body.net.0", "what": "dying", "since": 3,
+                                 "evidence": {"measure": "act_zero"}}
+    findings = [finding, Finding("body", "dying", 5), Finding("body.net.2", "vanishing", 1),
+                Finding("head", "nonfinite", 9)]
+    assert overlay(findings) == {"body": ["dying", "vanishing"], "head": ["nonfinite"]}
+    with pytest.raises(TypeError, match="Findings"):
+        overlay([("body", "dying")])
+
+
+def test_diagnose_reads_the_same_from_a_store(tmp_path):
+    store = Store(str(tmp_path))
+    zeros = lambda n: {**healthy(n), "act_zero": 1.0}  # noqa: E731
+    recorded(store, "dead", chain(15, body=zeros, head=healthy))
+    assert [(f.where, f.what) for f in diagnose(store, "dead")] == [("body", "dying")]
+    assert diagnose(store, "dead", dying=1.01) == []
