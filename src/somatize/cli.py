@@ -3,7 +3,9 @@
     somatize runs STORE                      the runs a store holds
     somatize show STORE RUN [--forward N]    a run per node, or one forward's facts
     somatize report STORE RUN -o FILE.html   one HTML file that opens offline
+    somatize health STORE RUN                what the audit's record says is unhealthy
     somatize worker ...                      a worker (python -m somatize.worker)
+    somatize demo [--store DIR] [--steps N]  the whole job, in a minute
 
 A mistake (a store that is not there, an unknown run, a forward out of range) is one
 line on stderr and exit status 2; a traceback means a bug in somatize.
@@ -48,6 +50,10 @@ def _parser() -> argparse.ArgumentParser:
     worker = commands.add_parser("worker", help="run a worker (the same as python -m somatize.worker)",
                                  add_help=False)
     worker.add_argument("rest", nargs=argparse.REMAINDER)
+    for name, said in (("health", "what the audit's record of a run says is unhealthy"),
+                       ("demo", "the whole job: train, record, audit, report (needs torch)")):
+        commands.add_parser(name, help=said, add_help=False).add_argument(
+            "rest", nargs=argparse.REMAINDER)
     return parser
 
 
@@ -56,6 +62,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["worker"]:  # everything after it belongs to the worker's own parser
         return _worker(argv[1:])
+    if argv[:1] == ["health"]:
+        from .health import command
+
+        return command(argv[1:])
+    if argv[:1] == ["demo"]:
+        return _demo(argv[1:])
     arguments = _parser().parse_args(argv)
     try:
         if arguments.command == "runs":
@@ -199,6 +211,17 @@ def _report(store: Any, run: str, output: str | None) -> None:
         raise Refused(f"cannot write {target}: {folder} is not a directory")
     written = report(store, run, target)
     print(f"wrote {written} ({os.path.getsize(written) // 1024} KiB; opens offline)")
+
+
+# -- demo ---------------------------------------------------------------------------------
+def _demo(argv: list[str]) -> int:
+    try:
+        from . import demo
+    except ImportError as exc:
+        print(f"somatize demo: it trains with torch, which is not installed ({exc.name}): "
+              "pip install 'somatize[all]'", file=sys.stderr)
+        return USAGE_ERROR
+    return demo.main(argv)
 
 
 # -- worker -------------------------------------------------------------------------------

@@ -74,8 +74,9 @@ def test_the_facts_of_a_step_come_after_its_forwards_and_update_before_loss():
     for batch in batches(2):
         trainer.step(batch)
     said = [f["fact"] for f in seen]
-    assert said == ["began", "ran", "ran", "finished", "loss",
+    assert said == ["graph", "began", "ran", "ran", "finished", "loss",
                     "began", "ran", "ran", "finished", "updated", "loss"]
+    assert seen[0]["graph"]["edges"] == [["body", "head"]]  # said once, before it all
     assert all(isinstance(f["value"], float) for f in facts(seen, "loss"))
 
 

@@ -179,7 +179,11 @@ def _hop(tally: Tally, host: str) -> dict[str, int]:
 
 def _count(tally: Tally, fact: dict[str, Any]) -> None:
     kind = fact.get("fact")
-    if kind in _NODE_COUNTS and isinstance(fact.get("node"), str):
+    if kind == "ran" and fact.get("backward") and isinstance(fact.get("node"), str):
+        entry = _node(tally, fact["node"])  # a trainer walked back through it: learning
+        entry["learned"] = entry.get("learned", 0) + 1
+        entry["total_us"] += _int(fact.get("took_us"))
+    elif kind in _NODE_COUNTS and isinstance(fact.get("node"), str):
         entry = _node(tally, fact["node"])
         entry[kind] += 1
         if kind == "ran":
@@ -217,8 +221,9 @@ def tally(store: Any, run: str) -> Tally:
 def nodes(store: Any, run: str) -> dict[str, dict[str, Any]]:
     """Per node, in the order first seen: how often it ``ran``, was ``recalled``,
     ``kept``, ``unneeded`` or ``failed``; the ``items`` a mapped node was handed;
-    ``total_us`` spent running and ``mean_us`` per time it ran; the ``host`` it ran
-    on (None for here)."""
+    ``total_us`` spent running (and, for a node trained where it runs, learning: how
+    often is ``learned``) and ``mean_us`` per time it ran; the ``host`` it ran on
+    (None for here)."""
     return tally(store, run).nodes
 
 

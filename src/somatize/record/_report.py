@@ -16,7 +16,7 @@ from typing import Any
 from ._read import curve, run_of
 from ._recorder import check_run
 
-__all__ = ["SECTIONS", "Section", "report"]
+__all__ = ["SECTIONS", "Section", "drawing", "report"]
 
 Section = tuple[str, Any]
 
@@ -36,11 +36,35 @@ def _spent(store: Any, run: str) -> Section | None:
     return ("Where the time went", spent(store, run))
 
 
-#: What a report holds, in order. The extension point for what later parts add: the
-#: health panel (``somatize.health``'s findings) belongs after progress, and the
-#: graph's figure (``Graph.figure`` with the findings as its overlay) after that, once
-#: a run stores its graph.
-SECTIONS: list[Callable[[Any, str], Section | None]] = [_progress, _spent]
+def _health(store: Any, run: str) -> Section | None:
+    from ..health import section  # health reads records: imported when asked, not before
+
+    return section(store, run)
+
+
+def drawing(graph: Any = None, inside: Any = None) -> Callable[[Any, str], Section | None]:
+    """A report section: ``graph`` — or, without one, the graph the run's Trainer
+    described in a ``graph`` fact — drawn with the audit's findings laid over it and
+    ``inside`` (``architecture``'s answer) opening its boxes. Nothing for a run that
+    neither was given nor described a graph."""
+    def section(store: Any, run: str) -> Section | None:
+        from .._described import rebuilt
+        from ..health import diagnose, overlay
+        from ._read import facts
+
+        drawn = graph
+        if drawn is None:
+            said = [f for f in facts(store, run, 0) if f.get("fact") == "graph"]
+            if not said:
+                return None
+            drawn = rebuilt(said[-1]["graph"])
+        flags = overlay(diagnose(store, run)) or None
+        return ("The graph", drawn.figure(overlay=flags, inside=inside))
+    return section
+
+
+#: What a report holds, in order; a list that later parts extend.
+SECTIONS: list[Callable[[Any, str], Section | None]] = [_progress, _health, drawing(), _spent]
 
 _STYLE = """
 body { font-family: Helvetica, Arial, sans-serif; color: #222; margin: 24px auto;
