@@ -19,7 +19,7 @@ test: $(READY)
 	$(BIN)/python -m pytest -q
 
 demo: $(READY)
-	$(BIN)/python examples/first.py
+	$(BIN)/somatize demo
 
 bench: $(READY)
 	for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

@@ -43,3 +43,11 @@ def test_the_split_learning_notebook(tmp_path, monkeypatch):
     printed = run("05_split.py", tmp_path, monkeypatch)
     assert "losses equal, step for step: True" in printed
     assert "body's weights equal: True" in printed
+
+
+@pytest.mark.slow
+def test_the_health_notebook(tmp_path, monkeypatch):
+    printed = run("06_health.py", tmp_path, monkeypatch)
+    assert "l2 dying 1" in printed  # found from the store alone, in another process
+    assert "same findings: True" in printed
+    assert "'l2': ['dying'" in printed
