@@ -21,8 +21,11 @@ test: $(READY)
 demo: $(READY)
 	$(BIN)/somatize demo
 
+docs: $(READY)
+	$(BIN)/mkdocs build --strict
+
 bench: $(READY)
 	for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis demo-store demo-report.html
+	rm -rf $(VENV) .pytest_cache .hypothesis demo-store demo-report.html site
