@@ -105,7 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     epochs = max(1, -(-args.steps // len(data)))
     g = build()
     say(f"the graph  {g.plan()}   (body on a worker started here; encoder frozen and cached)")
-    with Worker.generic() as worker:
+    log = os.path.join(store.where, "worker.log")  # the worker's chatter, kept aside
+    with Worker.spawn([sys.executable, "-m", "somatize.worker", "--listen", "127.0.0.1:0",
+                       "--log", log]) as worker:
         trains = {"body": Split(torch.optim.Adam, lr=3e-3)}
         recorder = Recorder(store, summarising=["loss"])
         trainer = Trainer(
@@ -148,6 +150,7 @@ def report(store: Store, run: str, history: list[float], inside: Any, path: str,
     assert len(SECTIONS) == 4  # progress, health, the graph, spent: ours draws what it ran
     record.report(store, run, path, sections=[_progress, _health, drawing(g, inside), _spent])
     say(f"report: {os.path.abspath(path)} (opens offline)   done in {took:.0f} s")
+    say(f"the worker's log: {os.path.join(os.path.abspath(store.where), 'worker.log')}")
 
 
 def _mean(values: list[float]) -> float:

@@ -40,6 +40,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="the largest frame accepted (default 16 GiB)")
     parser.add_argument("--max-header", type=int, default=None, metavar="BYTES",
                         help="the largest frame header accepted (default 64 MiB)")
+    parser.add_argument("--log", metavar="FILE",
+                        help="append the log to FILE instead of stderr (after the first line)")
     return parser
 
 
@@ -70,10 +72,17 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     tls = _tls(parser, args.tls_cert, args.tls_key)
-    return _serve(host, port, token, tls, args.timeout, limits)
+    log = None
+    if args.log is not None:
+        try:
+            log = os.open(args.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        except OSError as exc:
+            parser.error(f"--log {args.log}: {exc.strerror or exc}")
+    return _serve(host, port, token, tls, args.timeout, limits, log)
 
 
-def _serve(host: str, port: int, token: bytes | None, tls: Any, timeout: float, limits: Any) -> int:
+def _serve(host: str, port: int, token: bytes | None, tls: Any, timeout: float, limits: Any,
+           log: int | None = None) -> int:
     from .wire.server import Server, say
 
     _die_with_parent()
@@ -84,6 +93,9 @@ def _serve(host: str, port: int, token: bytes | None, tls: Any, timeout: float, 
               file=sys.stderr)
         return 1
     print(f"listening on {server.address}", flush=True)
+    if log is not None:  # the log, and whatever a node says, from here on
+        os.dup2(log, 2)
+        os.close(log)
     # Whatever a node prints goes to stderr from here on: a client that read the first
     # line may not read another, and a full pipe would stop the worker mid-slice.
     os.dup2(2, 1)

@@ -88,3 +88,23 @@ def test_tls_carries_the_same_protocol(standing, certificate):
         g.forward("x", broker={"w1": Worker.at(worker.addr, token=TOKEN, timeout=2)})
     with Worker.at(worker.addr, token=TOKEN, tls=cert) as w1:
         assert g.forward("still", broker={"w1": w1}) == "STILL"
+
+
+def test_the_log_can_go_to_a_file(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    log = tmp_path / "worker.log"
+    env = dict(os.environ, SOMATIZE_TOKEN="a-token-for-the-log-test-123456")
+    proc = subprocess.Popen([sys.executable, "-m", "somatize.worker", "--listen",
+                             "127.0.0.1:0", "--log", str(log)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().startswith("listening on ")
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=10)
+    assert proc.returncode == 0 and err == ""
+    said = log.read_text()
+    assert "listening on 127.0.0.1:" in said and "stopped" in said
