@@ -21,7 +21,8 @@ from .._engine import execute
 from .._graph import Graph
 from .._node import Opaque
 from ._architecture import _undisturbed
-from ._audit import Audit, _tensors
+from ._audit import Audit
+from ._measures import _tensors
 from ._weights import modules_of
 
 __all__ = ["probe"]

@@ -1,0 +1,430 @@
+"""The measurements under the Audit: what one watched place saw in a step, and the
+reductions that turn it into numbers — computed where the tensors are, and read back
+to the CPU once per step through one sink.
+
+Activations are pooled per place as (count, mean, spread, zeros, non-finite, near a
+bound) so pieces of a micro batch and a module called twice make one population; a
+gradient's spread is read off E[g²] − E[g]²; weights larger than ``sampled`` entries
+are read off a fixed random sample of runs of neighbours, so ``update_ratio`` does not
+cost a copy of every weight.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from .._errors import DeclarationError
+from .._node import Done, Opaque
+
+__all__ = ["BINS", "Held", "Place", "Sink"]
+
+BINS = 32
+
+
+_RUN = 64  # neighbouring entries per run of a sampled parameter
+
+
+_NEAR = 0.01  # "saturated" is within this share of the range from either bound
+
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+_BOUNDED_CLASSES = ((torch.nn.Sigmoid, (0.0, 1.0)), (torch.nn.Tanh, (-1.0, 1.0)),
+                    (torch.nn.Softsign, (-1.0, 1.0)), (torch.nn.Hardsigmoid, (0.0, 1.0)))
+
+
+_BOUNDED_FUNCTIONS = {"SigmoidBackward0": (0.0, 1.0), "TanhBackward0": (-1.0, 1.0),
+                      "HardsigmoidBackward0": (0.0, 1.0)}
+
+
+class Place:
+    """A node or a module, and what it saw during the step being measured."""
+
+    def __init__(self, audit: Any, name: str, node: str, module: Any, params: list[Any]):
+        self.audit, self.name, self.node, self.module = audit, name, node, module
+        self.params = params
+        self.bounds = _class_bounds(module)
+        self.groups: dict[str, list[int]] | None = None
+        self.tracks = False
+        self.group_index: dict[Any, list[torch.Tensor]] = {}
+        self.last_fire: torch.Tensor | None = None  # measured step each channel last fired
+        self.first: int = 0  # the measured step channels were first seen
+        self.clear()
+
+    def clear(self) -> None:
+        self.acts: list[tuple[int, int, list[torch.Tensor]]] = []  # count, bounded, scalars
+        self.grads: list[tuple[int, list[torch.Tensor]]] = []
+        self.alive: torch.Tensor | None = None
+        self.kept_acts: list[torch.Tensor] = []
+        self.kept_grads: list[torch.Tensor] = []
+
+    def hook(self, module: Any, args: Any, output: Any) -> None:
+        self.produced(output)
+
+    def produced(self, output: Any) -> None:
+        audit = self.audit
+        if not audit._armed:
+            return
+        if audit._before is None:
+            audit._snapshot()
+        first = True
+        for tensor in _tensors(output, 0):
+            self.act(tensor, first)
+            first = False
+            if tensor.requires_grad:
+                tensor.register_hook(self.gradient)
+                if audit._keep is not None:
+                    audit._keep.append(tensor)
+
+    def act(self, tensor: torch.Tensor, first: bool) -> None:
+        x = tensor.detach()
+        if x.dtype in _HALF:
+            x = x.float()
+        flat = x.reshape(-1)
+        bounds = self.bounds or _function_bounds(tensor)
+        mean = flat.mean()
+        parts = [mean, torch.dist(flat, mean)]  # one fused pass, nothing written; squared later
+        parts.append(_dot(flat.sign()))  # how many are not zero (NaN if a NaN is)
+        parts.append(_nonfinite(flat))
+        if bounds is not None:
+            low, high = bounds
+            past = (flat - (low + high) / 2).abs_().sub_((0.5 - _NEAR) * (high - low)).sign_()
+            parts.append((past.sum() + _dot(past)) / 2)  # how many are past the margin
+        self.acts.append((x.numel(), x.numel() if bounds is not None else 0, parts))
+        if first and self.tracks and x.dim() >= 2:
+            alive = x.ne(0).any(dim=0)
+            if alive.dim() > 1:
+                alive = alive.flatten(1).any(dim=1)
+            self.alive = alive if self.alive is None or self.alive.shape != alive.shape \
+                else self.alive | alive
+        if self.audit._measured % self.audit.snapshot == 0:
+            self.kept_acts.append(x.flatten())
+
+    def gradient(self, grad: torch.Tensor) -> None:
+        if not self.audit._armed:
+            return
+        g = grad.detach()
+        if g.dtype in _HALF:
+            g = g.float()
+        flat = g.reshape(-1)
+        # The spread is read off E[g²] - E[g]²: a gradient's mean is rarely many times
+        # its spread, so the cancellation that rules this out for activations does not
+        # bite, and it saves two passes.
+        self.grads.append((g.numel(), [flat.sum(), _dot(flat), _nonfinite(flat)]))
+        if self.audit._measured % self.audit.snapshot == 0:
+            self.kept_grads.append(g.flatten())
+
+    def gather(self, sink: Sink, k: int, hist: bool) -> Any:
+        """Puts this step's device numbers in the sink; answers how to read them back."""
+        acts = [(n, b, sink.add(parts)) for n, b, parts in self.acts]
+        grads = [(n, sink.add(parts)) for n, parts in self.grads]
+        dead = self._dead(sink, k) if self.tracks and self.alive is not None else None
+        act_hist = sink.add_vector(_histogram(self.kept_acts)) if hist and self.kept_acts else None
+        grad_hist = sink.add_vector(_histogram(self.kept_grads)) if hist and self.kept_grads \
+            else None
+
+        def read(sink: Sink) -> dict[str, Any]:
+            out = _pooled_acts([(n, b, sink.get(h)) for n, b, h in acts])
+            out.update(_pooled_grads([(n, sink.get(h)) for n, h in grads], self.audit._probes))
+            if acts or grads:
+                out["nonfinite"] = out.pop("_act_nonfinite", 0) + out.pop("_grad_nonfinite", 0)
+            if dead is not None:
+                out["dead_channels"] = dead(sink)
+            if act_hist is not None:
+                out["act_hist"] = _hist_read(sink.get(act_hist))
+            if grad_hist is not None:
+                out["grad_hist"] = _hist_read(sink.get(grad_hist))
+            return out
+        return read
+
+    def _dead(self, sink: Sink, k: int) -> Any:
+        alive = self.alive
+        if self.last_fire is None or self.last_fire.shape != alive.shape:
+            self._check_groups(alive.shape[0])
+            self.first = k
+            self.last_fire = torch.full(alive.shape, k - 1, dtype=torch.long, device=alive.device)
+        self.last_fire = torch.where(alive, k, self.last_fire)
+        if k - self.first + 1 < self.audit.window:
+            return None  # not a whole window seen yet: nobody can say "the whole window"
+        dead = (k - self.last_fire) >= self.audit.window
+        if self.groups is None:
+            handle = sink.add([dead.sum()])
+            return lambda s: int(s.get(handle)[0])
+        index = self.group_index[dead.device]
+        handle = sink.add([dead[i].sum() for i in index])
+        names = list(self.groups)
+        return lambda s: {name: int(v) for name, v in zip(names, s.get(handle))}
+
+    def _check_groups(self, width: int) -> None:
+        if self.groups is None:
+            return
+        for group, channels in self.groups.items():
+            beyond = [c for c in channels if c >= width]
+            if beyond:
+                raise DeclarationError(
+                    f"groups= for {self.name!r}: group {group!r} names channel {beyond[0]}, and "
+                    f"what {self.name!r} produces has {width} channels (dimension 1); name "
+                    f"channels 0 to {width - 1}")
+        device = self.alive.device
+        self.group_index[device] = [torch.tensor(c, dtype=torch.long, device=device)
+                                    for c in self.groups.values()]
+
+
+class Sink:
+    """Device numbers gathered per device and read back with one ``tolist`` each: the
+    scalars a step says (stacked once, rather than once per where) and a few vectors."""
+
+    def __init__(self) -> None:
+        self.scalars: dict[Any, list[torch.Tensor]] = {}
+        self.vectors: dict[Any, list[torch.Tensor]] = {}
+        self.sizes: dict[Any, int] = {}
+        self.values: dict[Any, list[float]] = {}
+
+    def add(self, tensors: list[torch.Tensor]) -> tuple[Any, int, int]:
+        """Takes 0-dimensional tensors of one device; answers where they will be."""
+        device = tensors[0].device
+        mine = self.scalars.setdefault(device, [])
+        mine.extend(tensors)
+        return device, len(mine) - len(tensors), len(tensors)
+
+    def add_vector(self, tensor: torch.Tensor) -> tuple[Any, int, int]:
+        """Takes a 1-dimensional tensor; answers where its numbers will be (after every
+        scalar of its device, hence the negative start until they are counted)."""
+        device = tensor.device
+        at = self.sizes.get(device, 0)
+        self.vectors.setdefault(device, []).append(tensor)
+        self.sizes[device] = at + tensor.shape[0]
+        return device, -1 - at, tensor.shape[0]
+
+    def read(self) -> None:
+        for device in {*self.scalars, *self.vectors}:
+            parts = [torch.stack(self.scalars[device])] if device in self.scalars else []
+            joined = torch.cat(parts + self.vectors.get(device, []))  # to the widest dtype
+            if device.type != "mps":  # which has no float64
+                joined = joined.double()
+            self.values[device] = joined.tolist()
+
+    def get(self, handle: tuple[Any, int, int]) -> list[float]:
+        device, at, size = handle
+        if at < 0:
+            at = len(self.scalars.get(device, ())) - 1 - at
+        return self.values[device][at:at + size]
+
+
+def _dot(flat: torch.Tensor) -> torch.Tensor:
+    """The sum of squares of a flat tensor. A ``dot`` (or a ``dist``) costs what a ``sum``
+    does on a CPU, where torch's ``var_mean`` costs a hundred times more."""
+    return torch.dot(flat, flat)
+
+
+def _nonfinite(flat: torch.Tensor) -> torch.Tensor:
+    """How many values are NaN or infinite: those are the ones a zero times them is
+    not zero. Read as a float sum, which is far cheaper than a boolean one."""
+    return flat.mul(0).nan_to_num_(1.0).sum()
+
+
+def _pooled_acts(pieces: list[tuple[int, int, list[float]]]) -> dict[str, Any]:
+    """Pieces ``(count, bounded count, [mean, distance from it, not zero, nonfinite,
+    (saturated)])`` as one population (means and variances combined pairwise)."""
+    if not pieces:
+        return {}
+    if len(pieces) == 1:  # the usual case, said without the combining
+        n, bounded, v = pieces[0]
+        out = {"act_mean": v[0], "act_std": v[1] / math.sqrt(n), "act_zero": (n - v[2]) / n,
+               "_act_nonfinite": round(v[3])}
+        if bounded:
+            out["act_saturated"] = v[4] / bounded
+        return out
+    n = sum(p[0] for p in pieces)
+    mean, std = _pooled([(count, count * v[0], v[1] ** 2) for count, _, v in pieces], n)
+    out = {"act_mean": mean, "act_std": std,
+           "act_zero": (n - sum(v[2] for _, _, v in pieces)) / n,
+           "_act_nonfinite": round(sum(v[3] for _, _, v in pieces))}
+    bounded = sum(b for _, b, _ in pieces)
+    if bounded:
+        out["act_saturated"] = sum(v[4] for _, b, v in pieces if b) / bounded
+    return out
+
+
+def _pooled_grads(pieces: list[tuple[int, list[float]]], probes: int) -> dict[str, Any]:
+    """Pieces ``(count, [sum, sum of squares, nonfinite])`` as one population."""
+    if not pieces:
+        return {}
+    if len(pieces) == 1:
+        n, (total, squares, nonfinite) = pieces[0]
+    else:
+        n = sum(p[0] for p in pieces)
+        total, squares, nonfinite = (sum(v[i] for _, v in pieces) for i in range(3))
+    mean = total / n
+    spread = squares / n - mean * mean
+    return {"grad_norm": math.sqrt(squares / probes), "grad_mean": mean,
+            "grad_std": math.nan if math.isnan(spread) else math.sqrt(max(spread, 0.0)),
+            "_grad_nonfinite": round(nonfinite)}
+
+
+def _pooled(pieces: list[tuple[int, float, float]], n: int) -> tuple[float, float]:
+    """The mean and standard deviation of pieces given as (count, sum, squared
+    deviations from their own mean)."""
+    mean = sum(total for _, total, _ in pieces) / n
+    spread = sum(squares + count * (total / count - mean) ** 2 for count, total, squares in pieces)
+    return mean, math.sqrt(spread / n) if spread >= 0 else math.nan
+
+
+class Held:
+    """The weights of what is watched, once each: what ``weight_norm`` and
+    ``update_ratio`` are read off.
+
+    A tensor of more than ``sampled`` entries is read as a fixed random sample of that
+    many, in runs of 64 neighbours (a gather of scattered entries costs a cache line
+    each), and counts as many times as the entries it stands for: copying every weight
+    and passing over it twice, each measured step, would cost a tenth of a step on a
+    CPU, and a sample this size puts both numbers within a few percent of the whole.
+    What is read of every tensor on one device goes into one flat buffer, so a step
+    costs a handful of operations per device however many tensors there are.
+    """
+
+    def __init__(self, wheres: list[Place], sampled: int | None):
+        params = list({id(p): p for where in wheres for p in where.params}.values())
+        at = {id(p): k for k, p in enumerate(params)}
+        self.params = params
+        self.sampled = sampled
+        self.index = [self._index(p) for p in params]
+        self.views: list[torch.Tensor | None] = [None] * len(params)
+        self.scale = [p.numel() / (p.numel() if i is None else i.numel() * _RUN)
+                      for p, i in zip(params, self.index)]
+        self.trained = [p.requires_grad for p in params]
+        self.mine = [list(dict.fromkeys(at[id(p)] for p in where.params)) for where in wheres]
+        self.devices: dict[Any, tuple[list[int], Any]] = {}
+        for k, p in enumerate(params):
+            self.devices.setdefault(p.device, ([], None))[0].append(k)
+        for device, (ks, _) in self.devices.items():  # how much of the buffer each one is
+            self.devices[device] = (ks, [self._read(k).numel() for k in ks])
+
+    def _index(self, p: torch.Tensor) -> torch.Tensor | None:
+        """Which runs of ``_RUN`` entries stand for ``p`` (None: all of it)."""
+        if self.sampled is None or p.numel() <= self.sampled:
+            return None
+        generator = torch.Generator().manual_seed(p.numel())
+        runs = torch.randperm(p.numel() // _RUN, generator=generator)
+        return runs[:max(1, self.sampled // _RUN)].sort().values.to(p.device)
+
+    def _read(self, k: int) -> torch.Tensor:
+        """What stands for tensor ``k``: a flat view of it, or its sampled runs (a copy).
+        The views are kept between steps, and made again if the tensor's storage was
+        swapped (``module.to(...)``, a ``load_state_dict`` that assigns)."""
+        p, view = self.params[k], self.views[k]
+        if view is None or view.data_ptr() != p.data_ptr() or view.device != p.device:
+            flat = p.detach().reshape(-1)
+            index = self.index[k]
+            if index is not None:
+                index = self.index[k] = index.to(p.device)
+                flat = flat[:flat.shape[0] - flat.shape[0] % _RUN].view(-1, _RUN)
+            view = self.views[k] = flat
+        index = self.index[k]
+        return view if index is None else view.index_select(0, index).view(-1)
+
+    def taken(self) -> dict[Any, torch.Tensor]:
+        """Everything read, as it is now: one flat copy per device, for after the
+        update. Empty if a tensor moved to another device since the Audit was made
+        (no ratio for that step; ``watch`` again to follow it)."""
+        try:
+            return {device: torch.cat([self._read(k) for k in ks])
+                    for device, (ks, _) in self.devices.items()}
+        except RuntimeError:
+            return {}
+
+    def measured(self, sink: Sink, before: dict[Any, torch.Tensor] | None) -> Any:
+        """Puts, per tensor, its squared norm now, before and of its change in the
+        sink; answers, per where (by position), its numbers."""
+        if not self.params:
+            return lambda at: {}
+        placed: dict[int, tuple[Any, int, int]] = {}  # tensor -> handle, column, columns
+        for device, (ks, sizes) in self.devices.items():
+            now = torch.cat([self._read(k) for k in ks])
+            rows = [now] if before is None or device not in before else \
+                [now, before[device], now - before[device]]
+            parts = [part for row in rows for part in row.split_with_sizes(sizes)]
+            handle = sink.add(list(torch._foreach_norm(parts)))
+            for column, k in enumerate(ks):
+                placed[k] = (handle, column, len(ks))
+        moved = before is not None
+
+        def read(at: int) -> dict[str, Any]:
+            mine = self.mine[at]
+            if not mine:
+                return {}
+            now = old = step = 0.0
+            changing = False
+            for k in mine:
+                handle, column, columns = placed[k]
+                values, scale = sink.get(handle), self.scale[k]
+                now += scale * values[column] ** 2
+                if moved and self.trained[k] and len(values) == 3 * columns:
+                    changing = True
+                    old += scale * values[columns + column] ** 2
+                    step += scale * values[2 * columns + column] ** 2
+            out = {"weight_norm": math.sqrt(now)}
+            if changing:
+                out["update_ratio"] = math.sqrt(step / old) if old > 0 else \
+                    (0.0 if step == 0 else math.inf)
+            return out
+        return read
+
+
+def _histogram(pieces: list[torch.Tensor]) -> torch.Tensor:
+    """32 counts and 33 edges over the finite values, computed where they are."""
+    x = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
+    finite = torch.isfinite(x)
+    low = torch.where(finite, x, torch.inf).min()
+    high = torch.where(finite, x, -torch.inf).max()
+    none = ~torch.isfinite(low)
+    low, high = torch.where(none, 0.0, low), torch.where(none, 0.0, high)
+    width = torch.where(high > low, high - low, torch.ones_like(high))
+    at = ((x - low) / width * BINS).nan_to_num(0.0, 0.0, 0.0).floor().clamp(0, BINS - 1).long()
+    counts = torch.bincount(at, weights=finite.to(x.dtype), minlength=BINS)
+    edges = low + width * torch.arange(BINS + 1, device=x.device, dtype=x.dtype) / BINS
+    return torch.cat([counts.to(x.dtype), edges])
+
+
+def _hist_read(values: list[float]) -> dict[str, list]:
+    return {"counts": [round(c) for c in values[:BINS]], "edges": values[BINS:]}
+
+
+def _tensors(value: Any, depth: int) -> Iterable[torch.Tensor]:
+    if type(value) is Opaque or type(value) is Done:
+        value = value.value
+    if isinstance(value, torch.Tensor):
+        if value.is_floating_point() and value.numel():
+            yield value
+    elif depth < 3 and isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item, depth + 1)
+    elif depth < 3 and isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item, depth + 1)
+
+
+def _class_bounds(module: Any) -> tuple[float, float] | None:
+    if module is None:
+        return None
+    if isinstance(module, torch.nn.Hardtanh):  # ReLU6 is one
+        return float(module.min_val), float(module.max_val)
+    for cls, bounds in _BOUNDED_CLASSES:
+        if isinstance(module, cls):
+            return bounds
+    return None
+
+
+def _function_bounds(tensor: torch.Tensor) -> tuple[float, float] | None:
+    function = tensor.grad_fn
+    if function is None:
+        return None
+    name = type(function).__name__
+    if name == "HardtanhBackward0":
+        return float(function._saved_min_val), float(function._saved_max_val)
+    return _BOUNDED_FUNCTIONS.get(name)
