@@ -116,3 +116,23 @@ def test_a_node_trained_on_a_worker_is_audited_through_its_trainer(worker):
     here = {f["where"] for f in health if "host" not in f}
     assert here == {"encoder", "head"}  # hooked here; body measured over there only
     t.close()
+
+
+def test_driven_in_stages_only_when_something_is_trained_where_it_runs(worker):
+    torch.manual_seed(0)
+    g = Graph.somatize(Lin(8, 8).named("encoder") >> Lin(8, 6).named("far").at("gpu")
+                       >> Lin(6, 1, relu=False).named("head"))
+    broker = Broker.embedded({"gpu": worker})
+    g.freeze("encoder")  # nothing could reach it back through a slice nobody trains
+    plain = Trainer(g, objective=mse, broker=broker,
+                    optimizer=torch.optim.SGD(parameters(g, without=["far", "encoder"]), lr=0.1))
+    assert plain._staged is None  # a slice elsewhere, trained by nobody: one plain step
+    head = [p.detach().clone() for p in g.implementation("head").parameters()]
+    for b in batches(3):
+        plain.step(b)
+    assert not torch.equal(head[0], g.implementation("head").lin.weight)
+    cut = net("gpu")
+    trained = Trainer(cut, objective=mse, broker=broker,
+                      trains={"body": Split(torch.optim.SGD, lr=0.1)},
+                      optimizer=torch.optim.SGD(parameters(cut, without=["body"]), lr=0.1))
+    assert trained._staged is not None
