@@ -21,6 +21,7 @@ import tempfile
 import time
 
 from somatize import Graph, Node
+from somatize._engine import execute
 from somatize.record import Recorder, curve, progress
 from somatize.store import Store
 
@@ -81,7 +82,8 @@ def step_costs(g):
     recorder = Recorder(store, run="steps", summarising=["loss"])
 
     def recorded(i):
-        g.forward(i, watching=recorder)
+        # As a Trainer steps: its began says the step, then updated and loss follow.
+        execute(g, i, watching=recorder, opening={"step": i})
         recorder({"fact": "updated"})
         recorder({"fact": "loss", "value": 1.0 / (i + 1)})
 

@@ -241,7 +241,8 @@ def execute(graph: Any, input: Any = None, *, broker: Any = None, store: Any = N
             watching: Any = None, stamping: dict[str, Any] | None = None,
             nodes: Iterable[str] | None = None, given: dict[str, Any] | None = None,
             want: Iterable[str] | None = None, here: bool = False,
-            transposed: bool = False, framed: bool = True, since: int | None = None) -> Any:
+            transposed: bool = False, framed: bool = True, since: int | None = None,
+            opening: dict[str, Any] | None = None) -> Any:
     """Runs a graph (or the part of it named by ``nodes``) and returns its answer.
 
     ``given`` hands in values for predecessors outside ``nodes``; ``want`` says which
@@ -251,7 +252,8 @@ def execute(graph: Any, input: Any = None, *, broker: Any = None, store: Any = N
     For whoever drives a graph in pieces (a trainer, stage by stage): ``transposed``
     walks ``nodes`` against their edges (see ``_transpose``); ``framed=False`` leaves
     out ``began``/``finished``, so that several walks make one forward in the record,
-    with ``since`` (a ``perf_counter_ns`` reading) as the start their times count from.
+    with ``since`` (a ``perf_counter_ns`` reading) as the start their times count from;
+    ``opening`` adds its pairs to the ``began`` fact alone (a trainer's step number).
     """
     if transposed:
         from ._transpose import walk_back
@@ -290,7 +292,7 @@ def execute(graph: Any, input: Any = None, *, broker: Any = None, store: Any = N
     forward_id = uuid.uuid4().hex if route.away else None
     began = time.perf_counter_ns() if since is None else since
     if emit is not None and framed:
-        emit({"fact": "began", "at_us": time.time_ns() // 1000})
+        emit({"fact": "began", "at_us": time.time_ns() // 1000, **(opening or {})})
     try:
         if route.away:
             graph.provision(broker)

@@ -306,3 +306,28 @@ def test_facts_said_before_the_first_forward_open_it(store):
     alone({"fact": "note"})
     alone.close()
     assert record_of(store, "run/alone/0")[0]["facts"] == [{"fact": "note"}]
+
+
+def test_a_trainers_step_is_written_once_when_its_loss_is_in(tmp_path):
+    from pathlib import Path
+
+    from somatize import Store
+    from somatize.record import facts
+
+    store = Store(tmp_path / "s")
+    recorder = Recorder(store, run="steps")
+    for step in range(1, 4):
+        for fact in ({"fact": "began", "at_us": 1, "step": step},
+                     {"fact": "ran", "node": "a", "began_us": 0, "took_us": 1},
+                     {"fact": "finished", "took_us": 2}):
+            recorder(fact)
+        assert store.resolve(f"run/steps/{step - 1}") is None  # not yet: its loss is coming
+        recorder({"fact": "updated"})
+        recorder({"fact": "loss", "value": float(step)})
+        assert facts(store, "steps", step - 1)[-1] == {"fact": "loss", "value": float(step)}
+    objects = [p for p in Path(store.where, "objects").rglob("*") if p.is_file()]
+    assert len(objects) == 3  # one write per step, none rewritten
+    # a bare forward (no step in its began) is still readable the moment it finishes
+    recorder({"fact": "began", "at_us": 1})
+    recorder({"fact": "finished", "took_us": 1})
+    assert store.resolve("run/steps/3") is not None

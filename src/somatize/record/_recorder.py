@@ -135,8 +135,9 @@ class Recorder:
     """Writes down what happened, one record per forward, as ``run/{run}/{i}`` in a store.
 
     Call it with each fact (it is a watcher: ``g.forward(x, watching=recorder)``). A
-    forward is resolvable as soon as its ``finished`` arrives; facts that come later
-    (the trainer's ``loss``) are bound with it again at the next ``began``, on
+    forward is resolvable as soon as its ``finished`` arrives — a Trainer's step (its
+    ``began`` says ``step``) as soon as its ``loss`` does, which is right after; facts
+    that come later still are bound with it again at the next ``began``, on
     ``flush()``/``close()``, or when the interpreter exits — the Recorder does not
     have to be closed, and can still be garbage-collected. ``summarising=["loss"]``
     copies the last value of each named fact into the binding's meta, so a curve is
@@ -215,6 +216,7 @@ class _Book:
         self.closed = False
         self.forwards = 0
         self.claimed: int | None = None  # the forward whose name this book holds
+        self.stepping = False  # a Trainer's forward: written when its loss is in
         self.where = getattr(store, "where", None)
         self.head = f'{{"format":{FORMAT},"run":{json.dumps(run)},"forward":'  # then the index
 
@@ -233,10 +235,16 @@ class _Book:
                 )
             if kind == "began":
                 self._began()
+                self.stepping = "step" in fact
             self.lines.append(line)
             if kind in self.wanted:
                 self.summary[kind] = _summary(fact, kind)
-            if kind == "finished" and self.current is not None:
+            # A forward is written when it finishes, so it can be read the moment the
+            # caller has it back; a Trainer's, once its step's loss is in (it says it
+            # right after), so a step costs one write and not two.
+            if self.current is not None and (
+                    (kind == "finished" and not self.stepping) or (kind == "loss" and self.stepping)):
+                self.stepping = False
                 self._write()
             else:
                 self.unwritten = True

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from .._engine import execute
 from .._errors import CacheError, DeclarationError, NodeError, NoGradient, OutOfStep
 from .._graph import Graph
 from .._node import Opaque
@@ -106,6 +107,7 @@ class Trainer:
         self._store = store
         self._taken = 0  # steps in the group that is open; 0 means none is
         self._described = False  # whether the watchers were told what the graph is
+        self._steps = 0  # steps taken, over the Trainer's life
         self._checked = False
         self._audit = audit
         if audit is not None and self._staged is not None:
@@ -142,6 +144,7 @@ class Trainer:
             self._backward(loss, share)
             losses.append(loss)
         self._taken += 1
+        self._steps += 1
         if self._taken == self._every:
             self._close()
         # Read after the update: .item() waits for the device, and the step need not.
@@ -218,13 +221,16 @@ class Trainer:
 
     def _forward(self, x: Any) -> Any:
         x = x if type(x) is Opaque else Opaque(x)
+        # The began fact says which step this forward belongs to, so a Recorder can
+        # write the record once, when the step's loss is in, rather than twice.
+        opening = {"step": self._steps + 1}
         if self._staged is None:
-            return self._graph.forward(x, store=self._store, watching=self._watching,
-                                       broker=self._broker)
+            return execute(self._graph, x, store=self._store, watching=self._watching,
+                           broker=self._broker, opening=opening)
         # One forward in the record, however many stages it takes.
         self._since = time.perf_counter_ns()
         if self._watchers:
-            self._emit({"fact": "began", "at_us": time.time_ns() // 1000})
+            self._emit({"fact": "began", "at_us": time.time_ns() // 1000, **opening})
         failed = True
         try:
             with _out_of_step():
