@@ -6,21 +6,9 @@ torch = pytest.importorskip("torch")
 
 from somatize import CacheError, DeclarationError, Graph, Node, Opaque  # noqa: E402
 from somatize.torch import NoGradient, Split, Trainer, parameters  # noqa: E402
+from splitnets import Lin  # noqa: E402  (the node the split tests share)
 
 mse = torch.nn.functional.mse_loss
-
-
-class Lin(Node):
-    def __init__(self, a, b, relu=True):
-        self.lin = torch.nn.Linear(a, b)
-        self.relu = relu
-
-    def forward(self, x, ctx):
-        y = self.lin(x)
-        return Opaque(y.relu() if self.relu else y)
-
-    def parameters(self):
-        return list(self.lin.parameters())
 
 
 def net(seed=0, with_encoder=False):
