@@ -30,7 +30,6 @@ __all__ = ["execute", "foresee", "program", "Program"]
 
 _DATA = frozenset(DATA_TYPES)
 ROOT, ONE, MANY = 0, 1, 2
-INPUT = object()  # the predecessor slot that means "the graph's input"
 
 
 class LostValue:
@@ -72,7 +71,6 @@ class Program:
             else:
                 self.gathers.append((MANY, tuple((p, index[p]) for p in preds)))
         self.succs = [[index[s] for s in graph._succs[n]] for n in ids]
-        self.leaves = [index[n] for n in graph.leaves()]
         self.hosts = hosts
         self.mapped = [n in graph._mapped for n in ids]
         self.cached = [n in graph._cached for n in ids]
@@ -255,6 +253,10 @@ def execute(graph: Any, input: Any = None, *, broker: Any = None, store: Any = N
     with ``since`` (a ``perf_counter_ns`` reading) as the start their times count from;
     ``opening`` adds its pairs to the ``began`` fact alone (a trainer's step number).
     """
+    if isinstance(broker, dict):  # {host: Worker}, as forward also takes it: made once
+        from ._graph import as_broker
+
+        broker = as_broker(broker)
     if transposed:
         from ._transpose import walk_back
 
@@ -437,11 +439,6 @@ def _meanwhile(prog: Program, order: list[int], remotes: list[Away], vals: list[
     value in ``given`` may be a LostValue: the broker resolves it where it stayed,
     or raises Lost.
     """
-    if isinstance(broker, dict):  # forward(broker={host: Worker}) as well as a Broker
-        from .wire import Broker
-
-        broker = Broker.embedded(broker)
-
     def job(away: Away) -> tuple[Any, Exception | None]:
         given = {p: vals[prog.index[p]] for p in away.given}
         try:

@@ -22,7 +22,7 @@ from ._node import made_with
 if TYPE_CHECKING:
     from ._plan import Plan
 
-__all__ = ["Graph", "validate_device", "validate_host"]
+__all__ = ["Graph", "as_broker", "validate_device", "validate_host"]
 
 _DEVICE = re.compile(
     r"^(cpu|cuda|mps|xpu|xla|meta|hip|hpu|ipu|mtia|maia|ve|lazy|vulkan|fpga|ort|mkldnn|"
@@ -368,11 +368,7 @@ class Graph:
         whole graph, one catalog per wire. ``forward`` calls it for you."""
         if broker is None:
             return
-        if isinstance(broker, dict):
-            from .wire import Broker
-
-            broker = Broker.embedded(broker)
-        broker._provision_graph(self)
+        as_broker(broker)._provision_graph(self)
 
     def figure(self, overlay: Any = None, inside: Any = None) -> Any:
         """The graph drawn as a plotly figure; nothing is executed. Needs ``[viz]``."""
@@ -391,6 +387,15 @@ class Graph:
 
     def __repr__(self) -> str:
         return f"Graph({len(self._impl)} nodes, {len(self._edges)} edges)"
+
+
+def as_broker(broker: Any) -> Any:
+    """A broker, from a Broker or a ``{host: Worker}`` dict (as ``forward`` takes it)."""
+    if isinstance(broker, dict):
+        from .wire import Broker
+
+        return Broker.embedded(broker)
+    return broker
 
 
 def identity(impl: Any) -> str:

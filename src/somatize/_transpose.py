@@ -60,10 +60,6 @@ def walk_back(graph: Any, nodes: Iterable[str] | None, given: dict[str, Any],
             "broker was given"
         )
     if away:
-        if isinstance(broker, dict):  # as forward takes it: {host: Worker}
-            from .wire import Broker
-
-            broker = Broker.embedded(broker)
         graph.provision(broker)
     local = parts.get(None, [])
     if not away:

@@ -21,7 +21,6 @@ there, not here, and nobody asked for them to learn.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -75,8 +74,7 @@ def _copy_node(private: Graph, graph: Graph, source: str, node_id: str, impl: An
 class Stage:
     """One stage, as the driver needs it."""
 
-    def __init__(self, private: Graph, nodes: list[str], later: set[str], trains: Mapping,
-                 leaves: set[str]):
+    def __init__(self, private: Graph, nodes: list[str], trains: Mapping, leaves: set[str]):
         inside = set(nodes)
         self.nodes = nodes
         self.outside = sorted({p for n in nodes for p in private._preds[n] if p not in inside})
@@ -106,7 +104,7 @@ class Staged:
         grouped = stages(self.private, positions)
         leaves = set(self.private.leaves())
         self.leaves = graph.leaves()
-        self.stages = [Stage(self.private, nodes, set(), self.trains, leaves) for nodes in grouped]
+        self.stages = [Stage(self.private, nodes, self.trains, leaves) for nodes in grouped]
         for k, stage in enumerate(self.stages[1:], start=1):
             for n in stage.nodes:
                 if n in self.private._cached:
@@ -240,9 +238,6 @@ class Staged:
                 learning.audited(Audit(every=audit.every, snapshot=audit.snapshot,
                                        channels=audit.channels, window=audit.window),
                                  node, pieces)
-
-    def clock(self) -> int:
-        return time.perf_counter_ns()
 
 
 def _fresh(value: Any) -> Any:
