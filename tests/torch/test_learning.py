@@ -82,7 +82,24 @@ def test_one_learning_step_by_hand():
     back = gradient(answer)
     assert back.shape == (4, 3) and torch.allclose(back, before[0].sum(0).expand(4, 3))
     assert not all(torch.equal(a, b) for a, b in zip(before, node.parameters()))
-    assert split._held is None and split._given is None
+    assert split.held is None and split.given is None
+
+
+def test_held_and_given_are_this_steps_activation_and_leaf_and_read_only():
+    node = Lin()
+    split = Split(torch.optim.SGD, lr=0.1).of(node)
+    assert split.held is None and split.given is None  # between steps
+    leaf = split.entering(torch.randn(4, 3), Ctx()).value
+    assert split.given is leaf
+    made = node.forward(leaf, Ctx()).value
+    split.forward(made, Ctx())
+    assert split.held is made
+    with pytest.raises(AttributeError):
+        split.held = None
+    with pytest.raises(AttributeError):
+        split.given = None
+    split.forward(envelope(torch.ones(4, 2)), Ctx())
+    assert split.held is None and split.given is None
 
 
 def test_learn_is_the_hole():

@@ -5,7 +5,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from somatize import CacheError, DeclarationError, Graph, Node, Opaque  # noqa: E402
-from somatize.torch import NoGradient, Split, Trainer, parameters  # noqa: E402
+from somatize.torch import Learning, NoGradient, Split, Trainer, parameters  # noqa: E402
 from splitnets import Lin  # noqa: E402  (the node the split tests share)
 
 mse = torch.nn.functional.mse_loss
@@ -184,3 +184,44 @@ def test_cached_after_a_cut_is_refused(tmp_path):
     g = Graph.somatize((Lin(8, 6).named("body") | far) >> Join())
     with pytest.raises(CacheError, match="'kept' is .cached\\(\\) after a cut"):
         Trainer(g, objective=mse, trains={"body": Split(torch.optim.SGD)}, store=tmp_path)
+
+
+class AsThePageSays(Learning):
+    """Split learning written from the reference page: through held and given."""
+
+    def learn(self, signal, ctx):
+        if self.opens():
+            self.optimizer.zero_grad()
+        if signal is not None:
+            self.held.backward(signal)
+        given = self.given
+        self.done()
+        if self.closes():
+            self.optimizer.step()
+        return given.grad
+
+
+def test_a_technique_written_with_held_and_given_works_as_written():
+    one, two = net(), net()
+    a = {"body": Split(torch.optim.SGD, lr=0.1)}
+    b = {"body": AsThePageSays(torch.optim.SGD, lr=0.1)}
+    ta = Trainer(one, objective=mse, trains=a,
+                 optimizer=torch.optim.SGD(parameters(one, without=a), lr=0.1))
+    tb = Trainer(two, objective=mse, trains=b,
+                 optimizer=torch.optim.SGD(parameters(two, without=b), lr=0.1))
+    assert [ta.step(x) for x in batches()] == [tb.step(x) for x in batches()]
+    assert all(torch.equal(p, q) for p, q in zip(weights(one), weights(two)))
+
+
+def test_load_of_an_export_continues_bit_for_bit_with_a_trainer_here():
+    g = net(with_encoder=True)
+    trains = {"body": Split(torch.optim.SGD, lr=0.1)}
+    t = Trainer(g, objective=mse, trains=trains,
+                optimizer=torch.optim.SGD(parameters(g, without=trains), lr=0.1))
+    data = batches(8)
+    for x in data[:4]:
+        t.step(x)
+    taken = t.export()
+    first = [t.step(x) for x in data[4:]]
+    t.load(taken)
+    assert [t.step(x) for x in data[4:]] == first

@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("msgpack")
 
-from somatize import Broker, Graph, Worker  # noqa: E402
+from somatize import Broker, DeclarationError, Graph, Worker  # noqa: E402
 from somatize.torch import OutOfStep, Split, Trainer, parameters  # noqa: E402
 
 from splitnets import Lin  # noqa: E402
@@ -136,3 +136,60 @@ def test_driven_in_stages_only_when_something_is_trained_where_it_runs(worker):
                       trains={"body": Split(torch.optim.SGD, lr=0.1)},
                       optimizer=torch.optim.SGD(parameters(cut, without=["body"]), lr=0.1))
     assert trained._staged is not None
+
+
+def test_workers_is_the_pages_spelling_of_a_broker(worker):
+    runs = []
+    for how in ({"broker": Broker.embedded({"gpu": worker})}, {"workers": {"gpu": worker}}):
+        cut = net("gpu")
+        trains = {"body": Split(torch.optim.SGD, lr=0.1)}
+        t = Trainer(cut, objective=mse, trains=trains, **how,
+                    optimizer=torch.optim.SGD(parameters(cut, without=trains), lr=0.1))
+        runs.append([t.step(b) for b in batches(4)])
+    assert runs[0] == runs[1]
+    with pytest.raises(DeclarationError, match="both broker= and workers="):
+        Trainer(net("gpu"), objective=mse, optimizer=torch.optim.SGD(parameters(net()), lr=0.1),
+                broker=Broker.embedded({"gpu": worker}), workers={"gpu": worker})
+    with pytest.raises(TypeError, match="workers= maps host names to Workers"):
+        Trainer(net("gpu"), objective=mse, workers=[worker],
+                optimizer=torch.optim.SGD(parameters(net()), lr=0.1))
+
+
+def split_trainer(worker):
+    cut = net("gpu")
+    trains = {"body": Split(torch.optim.SGD, lr=0.1)}
+    return Trainer(cut, objective=mse, trains=trains, workers={"gpu": worker},
+                   optimizer=torch.optim.SGD(parameters(cut, without=trains), lr=0.1))
+
+
+def same(a, b):
+    return a.keys() == b.keys() and all(
+        a[n].keys() == b[n].keys() and all(torch.equal(a[n][k], b[n][k]) for k in a[n]) for n in a)
+
+
+def test_load_mirrors_export_through_the_worker_and_training_continues_bit_for_bit(worker):
+    t = split_trainer(worker)
+    data = batches(10)
+    for b in data[:5]:
+        t.step(b)
+    taken = t.export()
+    first = [t.step(b) for b in data[5:]]
+    assert not same(t.export(), taken)
+    t.load(taken)
+    assert same(t.export(), taken)  # the body's weights went back to the worker's trainer
+    assert [t.step(b) for b in data[5:]] == first
+
+
+@pytest.mark.parametrize("spoil, says", [
+    ("body", r"'body', 'lin.weight'.*\(3, 8\).*on host 'gpu'.*nothing was loaded"),
+    ("head", r"'head', 'lin.weight'.*\(3, 6\)"),
+])
+def test_a_load_refused_on_either_side_changes_nothing_on_both(worker, spoil, says):
+    t = split_trainer(worker)
+    t.step(batches(1)[0])
+    before = t.export()
+    wrong = {n: {k: v + 1 for k, v in w.items()} for n, w in before.items()}
+    wrong[spoil]["lin.weight"] = torch.zeros(3, wrong[spoil]["lin.weight"].shape[1])
+    with pytest.raises(DeclarationError, match=says):
+        t.load(wrong)
+    assert same(t.export(), before)

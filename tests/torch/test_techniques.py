@@ -1,6 +1,8 @@
 """Three more techniques in the Learning hole, each written here as a user would,
 each with the control that says it is real (seed 001's table)."""
 
+import warnings
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -53,6 +55,19 @@ def test_local_greedy_learns_its_own_objective():
         t.step(batch)
     losses = trains["body"].losses
     assert sum(losses[-10:]) < 0.5 * sum(losses[:10])
+
+
+def test_what_no_gradient_reaches_by_construction_is_not_warned_about():
+    g = greedy_graph()
+    trains = {"body": Greedy(8, 4)}
+    encoder = [p.detach().clone() for p in g.implementation("encoder").parameters()]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        t = Trainer(g, objective=mse, trains=trains,
+                    optimizer=torch.optim.SGD(parameters(g, without=["body", "encoder"]), lr=0.1))
+        for batch in batches(5):
+            t.step(batch)
+    assert all(torch.equal(a, b) for a, b in zip(encoder, g.implementation("encoder").parameters()))
 
 
 def test_local_greedy_gives_nothing_above_it_and_no_gradient_names_it():

@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ import torch.nn.functional as F  # noqa: E402
 from somatize import CacheError, DeclarationError, Graph, Node, Opaque  # noqa: E402
 from somatize.torch import Trainer, freeze, parameters  # noqa: E402
 from trainnets import batches, graph, weights  # noqa: E402
+
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
@@ -29,19 +31,32 @@ def unchanged(g, body):
         state is None for state in g.frozen().values())
 
 
-def test_an_optimizer_holding_a_frozen_nodes_parameters_is_refused():
-    g, body, _ = graph(body=lambda b: b.frozen())
-    with pytest.raises(DeclarationError, match=r"node 'body', which is frozen.*without=g.frozen"):
-        Trainer(g, objective=F.mse_loss, optimizer=sgd(parameters(g)))
-    assert unchanged(g, body)
+@pytest.mark.parametrize("build", [
+    lambda ps: torch.optim.AdamW(ps, lr=0.1, weight_decay=0.5),
+    lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=0.5),
+])
+def test_a_frozen_nodes_parameters_in_the_optimizer_never_move(build):
+    g, body, head = graph(body=lambda b: b.frozen())
+    before, head_before = weights(body), weights(head)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # harmless, so not even a warning
+        t = Trainer(g, objective=F.mse_loss, optimizer=build(parameters(g)))
+        for batch in batches(5):
+            t.step(batch)
+    assert all(torch.equal(a, b) for a, b in zip(before, weights(body)))
+    assert not all(torch.equal(a, b) for a, b in zip(head_before, weights(head)))
 
 
-def test_a_node_frozen_by_hand_is_refused_the_same_way():
+def test_a_node_frozen_by_hand_after_the_optimizer_was_built_stays_put():
     g, body, _ = graph()
-    optimizer = sgd(parameters(g))
+    optimizer = torch.optim.SGD(parameters(g), lr=0.1, momentum=0.9)
+    t = Trainer(g, objective=F.mse_loss, optimizer=optimizer)
+    t.step(batches(1)[0])  # the body has a gradient and momentum now
     freeze(g, "body")
-    with pytest.raises(DeclarationError, match="'body', which is frozen"):
-        Trainer(g, objective=F.mse_loss, optimizer=optimizer)
+    before = weights(body)
+    for batch in batches(3, seed=2):
+        Trainer(g, objective=F.mse_loss, optimizer=optimizer).step(batch)
+    assert all(torch.equal(a, b) for a, b in zip(before, weights(body)))
 
 
 @pytest.mark.parametrize("modifiers, culprit", [
@@ -74,12 +89,21 @@ def test_nothing_to_train_is_refused():
         Trainer(g, objective=F.mse_loss, optimizer=torch.optim.SGD([{"params": []}], lr=0.1))
 
 
-def test_parameters_nothing_would_apply_are_refused():
-    g, body, _ = graph()
-    says = r"node 'body' has 4 parameter\(s\).*freeze\(g, 'body'\)"
-    with pytest.raises(DeclarationError, match=says):
-        Trainer(g, objective=F.mse_loss, optimizer=sgd(parameters(g, without=["body"])))
+def test_parameters_the_optimizer_leaves_out_are_a_warning_and_training_goes_on():
+    g, body, head = graph()
+    before, head_before = weights(body), weights(head)
+    t = Trainer(g, objective=F.mse_loss, optimizer=sgd(parameters(g, without=["body"])))
     assert unchanged(g, body)
+    with pytest.warns(UserWarning, match=r"node 'body' \(4 parameters\) got gradients.*"
+                                         r"freeze\(g, 'body'\)") as said:
+        t.step(batches(1)[0])
+    assert len([w for w in said if issubclass(w.category, UserWarning)]) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once: not again at every step
+        for batch in batches(3, seed=2):
+            t.step(batch)
+    assert all(torch.equal(a, b) for a, b in zip(before, weights(body)))
+    assert not all(torch.equal(a, b) for a, b in zip(head_before, weights(head)))
 
 
 @pytest.mark.parametrize("name, value", [("every", 0), ("every", 1.5), ("every", True),

@@ -27,11 +27,13 @@ import torch
 
 from .._errors import OutOfStep
 from .._node import Ctx, Node, Opaque
+from ._weights import checked_node, copy_weights, weights_of
 
 __all__ = ["Enters", "Learning", "Split", "carries", "envelope", "gradient", "is_envelope"]
 
 KEY = "__soma_envelope__"
 ASKING = "__soma_weights__"  # walked back to a trainer: answer the node's weights
+LOADING = "__soma_load__"  # walked back to a trainer: check (and copy) these weights
 HEALTH = "__soma_health__"  # beside an envelope: the health facts of the trainers it passed
 
 
@@ -170,6 +172,17 @@ class Learning(Node):
             )
         return self._held
 
+    @property
+    def held(self) -> Any:
+        """This step's activation, what the node produced; None between steps."""
+        return self._held
+
+    @property
+    def given(self) -> Any:
+        """The leaf this step's input became, so a gradient can be read off it; None
+        between steps."""
+        return self._given
+
     def done(self) -> Any:
         """Lets go of this step's activation and answers what the node was given, so a
         gradient can be read off it. Every ``learn`` ends here."""
@@ -201,10 +214,14 @@ class Learning(Node):
         if carries(value):
             return self._learn_from(value, ctx)
         if type(value) is dict and ASKING in value:
-            from ._weights import weights_of
-
             return {ASKING: {k: v.detach().clone() if isinstance(v, torch.Tensor) else v
                              for k, v in weights_of(self._node).items()}}
+        if type(value) is dict and LOADING in value:
+            asked = value[LOADING]
+            plan = checked_node(self._node, asked["node"], asked["weights"])
+            if not asked["check"]:
+                copy_weights([plan])
+            return {LOADING: True}
         self._held = value
         if self._audit is not None:
             self._audit.saw(value)

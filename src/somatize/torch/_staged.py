@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from .._engine import execute
-from .._errors import CacheError, DeclarationError
+from .._errors import CacheError, DeclarationError, NodeError
 from .._graph import Graph
 from .._node import Opaque
 from .._plan import stages
@@ -210,6 +210,24 @@ class Staged:
         answer = execute(self.private, nodes=[node], given={node: {ASKING: True}},
                          want=[node], transposed=True, broker=self.broker)
         return answer[node][ASKING]
+
+    def load(self, node: str, weights: Any, *, check_only: bool) -> None:
+        """Hands a trained node's weights to its trainer where it runs, the way
+        ``weights`` asks for them. ``check_only`` has the trainer check every key, shape
+        and dtype and copy nothing, so that a load across machines can be all or nothing."""
+        from ._learning import LOADING
+
+        asked = {LOADING: {"node": node, "weights": dict(weights), "check": check_only}}
+        try:
+            execute(self.private, nodes=[node], given={node: asked}, want=[node],
+                    transposed=True, broker=self.broker)
+        except NodeError as exc:
+            cause = exc.__cause__
+            if not isinstance(cause, (DeclarationError, TypeError)):
+                raise
+            raise DeclarationError(
+                f"{cause} (checked by the trainer of {node!r} on host {exc.host!r}); nothing "
+                "was loaded, here or there") from exc
 
     def _walk_back(self, stage: Stage, given: dict[str, Any], watching: Any,
                    since: int) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import sys
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -30,11 +31,9 @@ from .._errors import CacheError, DeclarationError, NodeError, NoGradient, OutOf
 from .._graph import Graph
 from .._node import Opaque
 from ._audit import audit_for
-from ._weights import Weights, freeze, has_parameters, held, load_into, snapshot
+from ._weights import Weights, checked_weights, copy_weights, freeze, has_parameters, held, snapshot
 
 __all__ = ["Result", "Trainer"]
-
-_LATER = "split training across machines is not built yet (a later issue)"
 
 
 @dataclass
@@ -55,23 +54,32 @@ class Trainer:
     ``objective(output, target)`` answers a loss; ``optimizer`` is the caller's, built
     over ``parameters(g)`` (or a part of them). ``every`` steps make one update and
     ``micro`` pieces make one step; they multiply. ``store`` makes a frozen
-    ``.cached()`` prefix run once per distinct batch. ``watching`` is handed to every
-    forward and also told ``loss`` and ``updated``. ``auditing=True`` (or an ``Audit``)
-    hooks the graph and tells ``watching`` one ``health`` fact per node after each
-    measured step; ``close()`` takes the hooks off (so does collecting the Trainer).
+    ``.cached()`` prefix run once per distinct batch. ``broker`` says where the hosts
+    are; ``workers={host: Worker}`` says the same in the reference pages' spelling.
+    ``watching`` is handed to every forward and also told ``loss`` and ``updated``.
+    ``auditing=True`` (or an ``Audit``) hooks the graph and tells ``watching`` one
+    ``health`` fact per node after each measured step; ``close()`` takes the hooks off
+    (so does collecting the Trainer).
 
-    Everything that makes a run wrong without making it fail is refused here, before
-    the first step: a frozen node's parameters in the optimizer, parameters that
-    nothing would update, a cache over something still training, nothing to train.
-    The graph's ``.frozen()`` declarations are then made true (``freeze``), last, so
-    that a refused Trainer has changed nothing.
+    What is certainly wrong is refused here, before the first step: the same weights
+    in two optimizers, a node both frozen and trained, a cache over something still
+    training, nothing to train at all. What PyTorch allows on purpose is not: a frozen
+    node's parameters in the optimizer are harmless (they never get a gradient, so no
+    optimizer moves them), and parameters the optimizer leaves out are trained by
+    nobody, which is said once, as a ``UserWarning``, at the first update that gave
+    them a gradient. The graph's ``.frozen()`` declarations are then made true
+    (``freeze``), last, so that a refused Trainer has changed nothing.
     """
 
     def __init__(self, graph: Graph, *, objective: Callable[[Any, Any], Any],
                  optimizer: Any = None, trains: Mapping[str, Any] | None = None,
                  every: int = 1, micro: int = 1, store: Any = None, broker: Any = None,
-                 watching: Any = None, auditing: Any = None):
-        _not_yet(graph, auditing)
+                 workers: Mapping[str, Any] | None = None, watching: Any = None,
+                 auditing: Any = None):
+        if not isinstance(graph, Graph):
+            raise TypeError(f"Trainer takes a somatize Graph, not a {type(graph).__qualname__}; "
+                            "build one with Graph.somatize(...)")
+        broker = _broker(broker, workers)
         if not callable(objective):
             raise DeclarationError(
                 f"objective= is a {type(objective).__qualname__}, which cannot be called; "
@@ -85,7 +93,8 @@ class Trainer:
         frozen = set(graph.frozen())
         _check_caches(graph, frozen)
         trains = _check_trains(graph, trains, optimizer, frozen)
-        _check_optimizer(graph, optimizer, frozen, elsewhere=set(trains) | set(graph.hosts()))
+        self._unheld = _check_optimizer(graph, optimizer, frozen,
+                                        elsewhere=set(trains) | set(graph.hosts()))
         if store is not None:
             from .._remember import open_store
 
@@ -264,10 +273,13 @@ class Trainer:
                 self._staged.backward(self._told, self._since)
 
     def _close(self) -> None:
-        if self._optimizer is not None:
-            if not self._checked:
+        if not self._checked:
+            self._checked = True
+            _warn_unheld(self._unheld)
+            self._unheld = {}
+            if self._optimizer is not None:
                 _check_gradients(self._graph, self._optimizer)
-                self._checked = True
+        if self._optimizer is not None:
             self._optimizer.step()
         self._taken = 0
         if self._watchers:
@@ -292,39 +304,61 @@ class Trainer:
         A node trained on a worker is asked there (its copy here never learnt anything),
         through its trainer, so what comes back is what was trained."""
         weights = snapshot(self._graph)
-        if self._staged is not None:
-            hosts = self._graph.hosts()
-            for node in self._staged.trains:
-                if node in hosts:
-                    weights[node] = self._staged.weights(node)
+        for node in self._trained_far():
+            weights[node] = self._staged.weights(node)
         return weights
 
     def load(self, weights: Mapping[str, Mapping[str, Any]]) -> None:
-        """Copies ``weights`` (as ``export`` gives them) into the nodes they name.
+        """Copies ``weights`` (as ``export`` gives them) into the nodes they name,
+        wherever they are trained: the weights of a node trained on a worker are sent to
+        its trainer there, the mirror of how ``export`` asks for them.
 
-        All or nothing: every node, key, shape and dtype is checked first, and a
-        refusal names the node, the key and both sides. A frozen node that is loaded
-        is frozen again at the digest of its new weights, or its kept outputs would be
-        recalled for weights that no longer produce them.
+        All or nothing, across machines: every node, key, shape and dtype is checked,
+        here and by each trainer on a worker, before a single tensor is copied anywhere,
+        and a refusal names the node, the key and both sides. A frozen node that is
+        loaded is frozen again at the digest of its new weights, or its kept outputs
+        would be recalled for weights that no longer produce them.
         """
-        if self._staged is not None:
-            far = [n for n in weights if n in self._staged.trains and n in self._graph.hosts()]
-            if far:
-                raise DeclarationError(
-                    f"load() names {far[0]!r}, which is trained on host "
-                    f"{self._graph.hosts()[far[0]]!r}: its weights are there, and a copy "
-                    "loaded here would never run; load it before sending it, or train it here")
-        loaded = load_into(self._graph, weights)
-        frozen = [n for n in loaded if n in self._graph.frozen()]
+        if not isinstance(weights, Mapping):
+            raise TypeError(f"load() takes {{node: {{key: tensor}}}}, as export() gives it, "
+                            f"not a {type(weights).__qualname__}")
+        far = self._trained_far()
+        here = {n: w for n, w in weights.items() if n not in far}
+        there = {n: w for n, w in weights.items() if n in far}
+        plan = checked_weights(self._graph, here)
+        for node in there:  # asked to check only: nothing moves until everybody agreed
+            self._staged.load(node, there[node], check_only=True)
+        copy_weights(plan)
+        for node in there:
+            self._staged.load(node, there[node], check_only=False)
+        frozen = [n for n in here if n in self._graph.frozen()]
         if frozen:
             freeze(self._graph, *frozen)
 
+    def _trained_far(self) -> dict[str, str]:
+        """The nodes trained on a worker, and their hosts: their weights live there."""
+        if self._staged is None:
+            return {}
+        hosts = self._graph.hosts()
+        return {n: hosts[n] for n in self._staged.trains if n in hosts}
+
 
 # -- refusals when the Trainer is built --------------------------------------------------
-def _not_yet(graph: Any, auditing: Any) -> None:
-    if not isinstance(graph, Graph):
-        raise TypeError(f"Trainer takes a somatize Graph, not a {type(graph).__qualname__}; "
-                        "build one with Graph.somatize(...)")
+def _broker(broker: Any, workers: Any) -> Any:
+    """The broker, from ``broker=`` or from the pages' ``workers={host: Worker}``."""
+    if workers is None:
+        return broker
+    if broker is not None:
+        raise DeclarationError(
+            "Trainer was given both broker= and workers=, which say the same thing twice; "
+            "give one: workers={'gpu': Worker.at('node3:7000')} or "
+            "broker=Broker.embedded({'gpu': Worker.at('node3:7000')})")
+    if not isinstance(workers, Mapping):
+        raise TypeError(f"workers= maps host names to Workers, {{'gpu': Worker.at('node3:7000')}}, "
+                        f"not a {type(workers).__qualname__}")
+    from ..wire import Broker
+
+    return Broker.embedded(dict(workers))
 
 
 def _check_trains(graph: Graph, trains: Any, optimizer: Any,
@@ -410,42 +444,67 @@ def _check_caches(graph: Graph, frozen: set[str]) -> None:
 
 
 def _check_optimizer(graph: Graph, optimizer: Any, frozen: set[str],
-                     elsewhere: set[str] = frozenset()) -> None:
-    """``elsewhere``: nodes whose weights somebody else updates (a trainer in
-    ``trains=``) or that run on a worker, where the copy here is not what runs."""
+                     elsewhere: set[str] = frozenset()) -> dict[str, list[Any]]:
+    """Answers the parameters nobody would apply, by node, to be warned about once they
+    get a gradient. ``elsewhere``: nodes whose weights somebody else updates (a trainer
+    in ``trains=``) or that run on a worker, where the copy here is not what runs.
+
+    A frozen node's parameters inside the optimizer are not refused: they never get a
+    gradient, and every torch optimizer skips a parameter without one (weight decay
+    and momentum included), so they cannot move.
+    """
     if optimizer is not None and not all(
             hasattr(optimizer, a) for a in ("param_groups", "zero_grad", "step")):
         raise TypeError(f"optimizer= takes a torch.optim.Optimizer, not a "
                         f"{type(optimizer).__qualname__}")
-    holds = {} if optimizer is None else {
-        id(p): p for group in optimizer.param_groups for p in group["params"]}
-    settled: set[int] = set()
-    for node_id in [n for n in graph.nodes() if n in frozen]:
-        for p in held(graph.implementation(node_id), node_id):
-            settled.add(id(p))
-            if id(p) in holds:
-                raise DeclarationError(
-                    f"the optimizer holds parameters of node {node_id!r}, which is frozen: "
-                    "settled and trained at once; build the optimizer over "
-                    "parameters(g, without=g.frozen()), or do not freeze it"
-                )
-    idle = {}
+    holds = set() if optimizer is None else {
+        id(p) for group in optimizer.param_groups for p in group["params"]}
+    unheld: dict[str, list[Any]] = {}
     for node_id in graph.nodes():
         if node_id in frozen or node_id in elsewhere:
             continue
         left = [p for p in held(graph.implementation(node_id), node_id)
-                if id(p) not in holds and id(p) not in settled and p.requires_grad]
+                if id(p) not in holds and p.requires_grad]
         if left:
-            idle[node_id] = len(left)
-    if not holds and not (elsewhere and not idle):
-        raise DeclarationError(_nothing_to_train(optimizer, idle))
-    if idle:
-        node_id, count = next(iter(idle.items()))
-        raise DeclarationError(
-            f"node {node_id!r} has {count} parameter(s) that would get gradients and that "
-            "the optimizer does not hold, so nothing would ever apply them; give them to "
-            f"the optimizer (parameters(g)), or settle the node with freeze(g, {node_id!r})"
-        )
+            unheld[node_id] = left
+    if not holds and not elsewhere:
+        raise DeclarationError(_nothing_to_train(optimizer, unheld))
+    return {n: [(p, _grad_mark(p)) for p in ps] for n, ps in unheld.items()}
+
+
+def _grad_mark(parameter: Any) -> Any:
+    """What a parameter's gradient is now, to tell later whether a step gave it one."""
+    grad = parameter.grad
+    return None if grad is None else (id(grad), grad._version)
+
+
+def _warn_unheld(unheld: dict[str, list[Any]]) -> None:
+    """Once, at the first update: parameters the optimizer does not hold that got a
+    gradient anyway. Never for those no gradient reaches by construction (above a
+    technique that hands back nothing): they are nobody's to apply."""
+    got = {}
+    for node_id, marked in unheld.items():
+        count = sum(1 for p, mark in marked if p.grad is not None and _grad_mark(p) != mark)
+        if count:
+            got[node_id] = count
+    if not got:
+        return
+    said = ", ".join(f"node {n!r} ({c} parameter{'s' if c > 1 else ''})" for n, c in got.items())
+    first = next(iter(got))
+    warnings.warn(
+        f"{said} got gradients that the optimizer does not hold, so nothing applies them "
+        "and they stay as they are; training goes on. If that is on purpose (another "
+        "Trainer trains them, a layer kept fixed for a while, a probe), ignore this; "
+        f"otherwise build the optimizer over parameters(g), or settle the node with "
+        f"freeze(g, {first!r})", UserWarning, stacklevel=_outside_somatize())
+
+
+def _outside_somatize() -> int:
+    """The stacklevel of the first frame that is not somatize's: the user's call."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("somatize."):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _nothing_to_train(optimizer: Any, idle: dict[str, int]) -> str:

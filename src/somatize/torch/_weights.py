@@ -20,7 +20,8 @@ from .._keys import Unwritable, hexdigest_of
 from .._node import MADE_WITH
 
 __all__ = [
-    "freeze", "has_parameters", "held", "load_into", "modules_of", "parameters",
+    "checked_node", "checked_weights", "copy_weights", "freeze", "has_parameters", "held",
+    "modules_of", "parameters",
     "snapshot", "weights_digest", "weights_of",
 ]
 
@@ -178,6 +179,7 @@ def freeze(graph: Any, *node_ids: str) -> None:
         graph.freeze(node_id, state=states[node_id])
         for parameter in held(node, node_id):
             parameter.requires_grad_(False)
+            parameter.grad = None  # a gradient left from before would still be applied
         for module in modules_of(node):
             module.eval()
 
@@ -198,33 +200,26 @@ def _copied(value: Any) -> Any:
     return copy.deepcopy(value)
 
 
-def load_into(graph: Any, weights: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """Copies weights into the nodes they name, all or nothing; answers those nodes.
-
-    Every node, key, shape and dtype is checked against what is here before the first
-    value is copied, so a refusal leaves every node as it was.
-    """
+def checked_weights(graph: Any, weights: Mapping[str, Mapping[str, Any]]) -> list[tuple]:
+    """What ``copy_weights`` will copy, once every node, key, shape and dtype has been
+    checked against the graph; a refusal names the node and the key, and copies nothing."""
     if not isinstance(weights, Mapping):
         raise TypeError(f"load() takes {{node: {{key: tensor}}}}, as export() gives it, "
                         f"not a {type(weights).__qualname__}")
-    plan = [(node_id, *_checked(graph, node_id, given)) for node_id, given in weights.items()]
-    with torch.no_grad():
-        for _, node, here, given in plan:
-            if callable(getattr(node, "state_dict", None)):
-                node.load_state_dict(dict(given))
-            else:
-                for key, value in given.items():
-                    here[key].copy_(value)
-    return [node_id for node_id, *_ in plan]
+    plan = []
+    for node_id, given in weights.items():
+        node = graph.implementation(node_id) if isinstance(node_id, str) else None
+        if node is None:
+            raise DeclarationError(
+                f"these weights name node {node_id!r}, which this graph does not have; its "
+                f"nodes are {', '.join(map(repr, graph.nodes()))}"
+            )
+        plan.append(checked_node(node, node_id, given))
+    return plan
 
 
-def _checked(graph: Any, node_id: Any, given: Any) -> tuple[Any, dict[str, Any], Mapping]:
-    node = graph.implementation(node_id) if isinstance(node_id, str) else None
-    if node is None:
-        raise DeclarationError(
-            f"these weights name node {node_id!r}, which this graph does not have; its "
-            f"nodes are {', '.join(map(repr, graph.nodes()))}"
-        )
+def checked_node(node: Any, node_id: str, given: Any) -> tuple[Any, dict[str, Any], Mapping]:
+    """One node's part of a load, checked: ``(node, its live weights, the given ones)``."""
     if not isinstance(given, Mapping):
         raise TypeError(f"the weights for node {node_id!r} are a {type(given).__qualname__}; "
                         "they have to be {key: tensor}")
@@ -248,6 +243,18 @@ def _checked(graph: Any, node_id: Any, given: Any) -> tuple[Any, dict[str, Any],
     for key, mine in here.items():
         _fits(node_id, key, mine, given[key])
     return node, here, given
+
+
+def copy_weights(plan: list[tuple]) -> None:
+    """Copies what ``checked_weights``/``checked_node`` answered, in place, so that an
+    optimizer holding these tensors goes on holding them."""
+    with torch.no_grad():
+        for node, here, given in plan:
+            if callable(getattr(node, "state_dict", None)):
+                node.load_state_dict(dict(given))
+            else:
+                for key, value in given.items():
+                    here[key].copy_(value)
 
 
 def _fits(node_id: str, key: str, mine: Any, theirs: Any) -> None:
