@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from somatize import Graph, Node
-from somatize._plan import Node as P, Remote, Seq, Wave, plan_from_json, plan_to_json, stages
+from somatize._plan import Step as P, Remote, Seq, Wave, plan_from_json, plan_to_json, stages
 
 
 class N(Node):

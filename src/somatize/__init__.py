@@ -45,6 +45,7 @@ from ._errors import (
     UnwritableError,
     WireError,
 )
+from . import _engine  # noqa: F401  (the walk hands its functions down to Graph as it loads)
 from ._graph import Graph
 from ._node import Ctx, Done, Node, Opaque
 

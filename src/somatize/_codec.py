@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import struct
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -21,11 +22,13 @@ from typing import Any
 from ._errors import UnwritableError
 from ._node import Opaque
 
-__all__ = ["codec", "codecs_registered", "dumps", "loads", "pack", "pieces_of", "unpack", "codec_for"]
+__all__ = ["codec", "codec_for", "codec_modules", "codecs_registered", "dumps", "loads", "pack",
+           "pack_into", "pieces_of", "unpack"]
 
 # kind -> (type, dump, load); type -> kind. Registration is rare; lookups are hot.
 _by_kind: dict[str, tuple[type, Callable[[Any], Any], Callable[[bytes], Any]]] = {}
 _by_type: dict[type, str] = {}
+_registered_in: dict[str, str] = {}  # kind -> the module that said it
 _lock = threading.Lock()
 
 # The markers a packed tree uses. A user dict that has one of these as a key would be
@@ -74,7 +77,14 @@ def codec(kind: str, of_type: type, *, dump: Callable[[Any], Any], load: Callabl
             )
         _by_kind[kind] = (of_type, dump, load)
         _by_type[of_type] = kind
+        _registered_in.setdefault(kind, sys._getframe(1).f_globals.get("__name__", ""))
 
+
+def codec_modules() -> list[str]:
+    """The modules whose import registered today's codecs, so that another process (a
+    worker) can register the same ones by importing them."""
+    with _lock:
+        return sorted({m for m in _registered_in.values() if m and m != "__main__"})
 
 def codecs_registered() -> dict[str, type]:
     """What has a codec today, ``{kind: type}``, in the order they were registered."""
@@ -117,7 +127,13 @@ def _name(cls: type) -> str:
 def pack(value: Any) -> tuple[Any, list[Any]]:
     """Turns a value into ``(tree, buffers)``: JSON-able data and raw buffers."""
     buffers: list[Any] = []
-    return _pack(value, buffers), buffers
+    return pack_into(value, buffers), buffers
+
+
+def pack_into(value: Any, buffers: list[Any]) -> Any:
+    """The tree of ``value``, its buffers appended to ``buffers`` (several values may
+    share one list, as the values of one message do)."""
+    return _pack(value, buffers)
 
 
 def _pack(value: Any, buffers: list[Any]) -> Any:
@@ -163,19 +179,39 @@ def _plain(value: Any) -> Any:
 
 
 def unpack(tree: Any, buffers: list[Any]) -> Any:
-    """The mirror of ``pack``: the value alive again, non-data through the codecs."""
+    """The mirror of ``pack``: the value alive again, non-data through the codecs.
+
+    A buffer is handed to its codec as it is (a view of what was read or received,
+    without a copy); a codec that insists on ``bytes`` is handed bytes."""
     cls = type(tree)
     if cls is dict:
         if OPAQUE in tree:
-            return loader(tree[OPAQUE])(bytes(buffers[tree["buffer"]]))
+            return _loaded(tree, buffers)
         if BYTES in tree:
-            return bytes(buffers[tree[BYTES]])
+            return bytes(buffers[_at(tree[BYTES], buffers)])
         if TUPLE in tree:
             return tuple(unpack(item, buffers) for item in tree[TUPLE])
         return {key: unpack(item, buffers) for key, item in tree.items()}
     if cls is list:
         return [unpack(item, buffers) for item in tree]
     return tree
+
+
+def _at(index: Any, buffers: list[Any]) -> int:
+    if type(index) is not int or not 0 <= index < len(buffers):
+        raise IndexError(f"a value that points at buffer {index!r} of {len(buffers)}")
+    return index
+
+
+def _loaded(tree: dict[str, Any], buffers: list[Any]) -> Any:
+    load = loader(tree[OPAQUE])
+    buffer = buffers[_at(tree.get("buffer"), buffers)]
+    if type(buffer) is bytes:
+        return load(buffer)
+    try:
+        return load(buffer)
+    except Exception:  # a codec written for bytes alone: it is handed bytes, once more
+        return load(bytes(buffer))
 
 
 # One value as one blob: MAGIC, the tree as JSON, then each buffer with its length.

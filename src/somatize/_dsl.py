@@ -13,12 +13,16 @@ or whatever ``.named`` said; a default never takes a name somebody chose.
 from __future__ import annotations
 
 import re
-from typing import Any, Union
+from collections.abc import Collection
+from typing import TYPE_CHECKING, Any, Union
 
 from ._errors import DeclarationError
-from ._node import Node
 
-__all__ = ["Declared", "Piece", "Topology", "as_piece", "snake_case"]
+if TYPE_CHECKING:
+    from ._node import Node
+
+__all__ = ["Declared", "Piece", "Topology", "as_piece", "assign_ids", "default_id",
+           "is_host_name", "snake_case", "valid_device", "valid_host", "valid_id"]
 
 # The modifiers a part can carry. "cached" maps to its salt; presence is what counts.
 DEVICE, HOST, CACHED, FROZEN, MAPPED = "device", "host", "cached", "frozen", "mapped"
@@ -97,9 +101,8 @@ class Piece:
                 f".named({node_id!r}) was given to a composite of {len(self.flatten()[0])} nodes; "
                 "name each node inside it instead, e.g. (A().named('a') >> B().named('b'))"
             )
-        if not isinstance(node_id, str) or not node_id:
-            raise DeclarationError(f".named() takes a non-empty str id, not {node_id!r}")
-        return Declared("one", mods=dict(self._mods), node=self._node, node_id=node_id)
+        return Declared("one", mods=dict(self._mods), node=self._node,
+                        node_id=valid_id(node_id))
 
     # -- materializing ----------------------------------------------------------
     def flatten(self) -> tuple[list[tuple[Any, str | None, dict]], list[tuple[int, int]]]:
@@ -128,7 +131,7 @@ class Declared(Piece):
     __slots__ = ()
 
 
-Topology = Union[Piece, Node]
+Topology = Union[Piece, "Node"]
 
 
 def as_piece(thing: Any) -> Piece:
@@ -138,7 +141,7 @@ def as_piece(thing: Any) -> Piece:
     forward = getattr(thing, "forward", None)
     if forward is not None and callable(forward) and not isinstance(thing, type):
         return Piece("one", node=thing)
-    if isinstance(thing, type) and issubclass(thing, Node):
+    if isinstance(thing, type) and callable(getattr(thing, "forward", None)):
         raise DeclarationError(
             f"the class {thing.__qualname__} was used where a node goes; instantiate it: "
             f"{thing.__qualname__}()"
@@ -184,3 +187,89 @@ _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 def snake_case(name: str) -> str:
     """``MyHead`` → ``my_head``, ``HTTPFetch`` → ``http_fetch``."""
     return _CAMEL.sub("_", name).lower()
+
+
+# -- ids, devices, hosts: what a declaration may say -------------------------------------
+_DEVICE = re.compile(
+    r"^(cpu|cuda|mps|xpu|xla|meta|hip|hpu|ipu|mtia|maia|ve|lazy|vulkan|fpga|ort|mkldnn|"
+    r"opengl|opencl|ideep|privateuseone)(:(0|[1-9][0-9]*))?$"
+)
+_HOST = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
+
+
+def valid_id(node_id: Any) -> str:
+    """A node id as somebody chose it: a non-empty str without control characters.
+
+    Control characters are kept for the ids the library makes itself (a trainer's
+    positions), so that those can never be the same as one of the user's.
+    """
+    if not isinstance(node_id, str) or not node_id or any(ord(c) < 32 for c in node_id):
+        raise DeclarationError(f"a node id is a non-empty str without control characters, "
+                               f"not {node_id!r}")
+    return node_id
+
+
+def valid_device(device: Any, node_id: str) -> str:
+    """A torch-style device name, or a DeclarationError naming the node."""
+    if not isinstance(device, str) or not _DEVICE.match(device):
+        raise DeclarationError(
+            f"node {node_id!r} is placed on {device!r}, which is not a device; write it "
+            "the way torch does: 'cpu', 'cuda', 'cuda:0', 'mps'"
+        )
+    return device
+
+
+def is_host_name(host: Any) -> bool:
+    """Whether this is a host name: letters, digits, '.', '_', '-', at most 253."""
+    return isinstance(host, str) and _HOST.match(host) is not None
+
+
+def valid_host(host: Any, node_id: str) -> str:
+    """A host name, or a DeclarationError naming the node."""
+    if not is_host_name(host):
+        raise DeclarationError(
+            f"node {node_id!r} is sent to {host!r}, which is not a host name; a host is "
+            "a name such as 'w1' or 'gpu-0' (letters, digits, '.', '_', '-'), and where "
+            "it is comes from the broker"
+        )
+    return host
+
+
+def default_id(impl: Any, taken: Collection[str], counts: dict[str, int] | None = None) -> str:
+    """The id a node gets when nobody chose one: its class in snake_case, then ``_2``,
+    ``_3``... never one that is ``taken``. ``counts`` carries on a numbering across calls
+    (one expression numbers its repeats in order)."""
+    base = snake_case(type(impl).__name__)
+    n = (counts or {}).get(base, 0) + 1
+    node_id = base if n == 1 else f"{base}_{n}"
+    while node_id in taken:
+        n += 1
+        node_id = f"{base}_{n}"
+    if counts is not None:
+        counts[base] = n
+    return node_id
+
+
+def assign_ids(entries: list[tuple[Any, str | None, dict]]) -> list[str]:
+    """The ids of a flattened expression: chosen ones as they are (a duplicate is
+    refused naming both), defaults around them in expression order."""
+    chosen: dict[str, int] = {}
+    for position, (impl, node_id, _) in enumerate(entries):
+        if node_id is None:
+            continue
+        if node_id in chosen:
+            first = type(entries[chosen[node_id]][0]).__qualname__
+            raise DeclarationError(
+                f"two nodes are named {node_id!r}: a {first} and a {type(impl).__qualname__}; "
+                "ids are unique within a graph"
+            )
+        chosen[node_id] = position
+    taken = set(chosen)
+    counts: dict[str, int] = {}
+    ids = []
+    for impl, node_id, _ in entries:
+        if node_id is None:
+            node_id = default_id(impl, taken, counts)
+            taken.add(node_id)
+        ids.append(node_id)
+    return ids

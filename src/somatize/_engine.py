@@ -1,16 +1,11 @@
-"""The one walk: a plan executed, node by node, here or through a broker.
+"""A forward: which nodes run where, in what order, and what they are told.
 
-A graph is compiled once per version into flat per-node arrays (the bound
-``forward``, its Ctx, where its input comes from), so a forward costs a loop over
-them and nothing that could be decided once per graph is decided again.
-
-What crosses an edge is checked at the edge where it appears: data (None, bool,
-int, float, str, bytes, list, tuple, dict) or an ``Opaque``; anything else is refused
-naming the node and the two right answers. Values are held unwrapped, so the node
-below and the caller both receive what was inside the ``Opaque``.
-
-Remembering (``_remember``) and sending away (a broker's ``_run_slice``) are adapters
-around this loop, not second walks.
+``execute`` takes a graph's data form, works out the route of this walk (which nodes,
+in which waves, which of them are sent away), and drives it: the nodes here through the
+one loop (``_walk.walk``), the slices on other hosts through whatever ``Backend`` the
+caller handed in, side by side with what runs here meanwhile. Remembering
+(``_remember``) and walking a stage against its edges (``_transpose``) are hooks and
+programs for that same loop, not second walks.
 """
 
 from __future__ import annotations
@@ -18,89 +13,34 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from . import _plan
-from ._codec import DATA_TYPES
-from ._errors import DeclarationError, EdgeError, Lost, NodeError, walk_error
-from ._node import Ctx, Done, Opaque
+from ._errors import DeclarationError
+from ._graph import hand_down
+from ._remember import Memory, foreseen
+from ._slices import Backend, Slice, backend_of, fan_out
+from ._transpose import walk_back
+from ._walk import LostValue, Mapping, Program, program, settle, walk
 
-__all__ = ["execute", "foresee", "program", "Program"]
-
-_DATA = frozenset(DATA_TYPES)
-ROOT, ONE, MANY = 0, 1, 2
-
-
-class LostValue:
-    """Stands where an output that stayed on a worker would be."""
-
-    __slots__ = ("node", "host", "why")
-
-    def __init__(self, node: str, host: str, why: str):
-        self.node, self.host, self.why = node, host, why
-
-    def read(self, reader: str) -> Any:
-        raise walk_error(Lost(
-            f"node {reader!r} reads the output of {self.node!r}, which stayed on host "
-            f"{self.host!r}: {self.why}. Place {reader!r} on {self.host!r} too, or make "
-            f"{self.node!r} answer with something that can travel (data, or an Opaque with a codec)",
-            node=self.node, host=self.host,
-        ))
-
-
-class Program:
-    """A graph compiled for walking. Thrown away whenever the graph changes."""
-
-    def __init__(self, graph: Any):
-        ids = graph.nodes()
-        index = {n: i for i, n in enumerate(ids)}
-        devices, hosts = graph._devices, graph._hosts
-        self.graph = graph
-        self.ids = ids
-        self.index = index
-        self.forwards = [graph._impl[n].forward for n in ids]
-        self.ctxs = [Ctx(devices.get(n), n) for n in ids]
-        self.gathers: list[tuple[int, Any]] = []
-        for n in ids:
-            preds = graph._preds[n]
-            if not preds:
-                self.gathers.append((ROOT, None))
-            elif len(preds) == 1:
-                self.gathers.append((ONE, index[preds[0]]))
-            else:
-                self.gathers.append((MANY, tuple((p, index[p]) for p in preds)))
-        self.succs = [[index[s] for s in graph._succs[n]] for n in ids]
-        self.hosts = hosts
-        self.mapped = [n in graph._mapped for n in ids]
-        self.cached = [n in graph._cached for n in ids]
-        self.remembers = any(self.cached) or any(self.mapped)
-        self.routes: dict[Any, Route] = {}
-        self.memory: Any = None  # the static half of remembering, built on first use
-
-    def route(self, nodes: Iterable[str] | None, here: bool) -> Route:
-        key = (None if nodes is None else tuple(nodes), here)
-        route = self.routes.get(key)
-        if route is None:
-            route = self.routes[key] = Route(self, key[0], here)
-        return route
+__all__ = ["execute", "foresee", "run_slice"]
 
 
 class Route:
     """Which nodes one walk runs, in what order, and which of them are sent away."""
 
     def __init__(self, prog: Program, nodes: tuple[str, ...] | None, here: bool):
-        graph = prog.graph
+        data = prog.data
         if nodes is None:
             chosen = None
-            order = graph.topological_sort()
+            order = list(data.order)
         else:
             for n in nodes:
-                graph._known(n)
+                data.known(n)
             chosen = set(nodes)
-            order = [n for n in graph.topological_sort() if n in chosen]
-        preds = {n: [p for p in graph._preds[n] if chosen is None or p in chosen] for n in order}
-        hosts = {} if here else {n: h for n, h in prog.hosts.items() if chosen is None or n in chosen}
+            order = [n for n in data.order if n in chosen]
+        preds = {n: [p for p in data.preds[n] if chosen is None or p in chosen] for n in order}
+        hosts = {} if here else {n: h for n, h in data.hosts.items() if chosen is None or n in chosen}
         self.plan = _plan.distribute(_plan.waves(order, preds), hosts)
         self.order = [prog.index[n] for n in order]
         inside = set(self.order)
@@ -117,7 +57,7 @@ class Route:
                     self.segments.append(("here", run, None))
                     run = []
                 self.segments.append(("away", [prog.index[n] for n in locals_],
-                                      [_away(prog, r) for r in remotes]))
+                                      [_away(data, r) for r in remotes]))
             else:
                 run.extend(prog.index[n] for n in locals_)
         if run:
@@ -126,12 +66,21 @@ class Route:
         self.sent = {n for kind, _, remotes in self.segments if kind == "away"
                      for away in remotes for n in away.nodes}
         # Predecessors outside the walk, which the caller has to hand in.
-        self.outside = sorted({p for n in order for p in graph._preds[n]
+        self.outside = sorted({p for n in order for p in data.preds[n]
                                if chosen is not None and p not in chosen})
 
 
+def route(prog: Program, nodes: Iterable[str] | None, here: bool) -> Route:
+    """The route of a walk over ``nodes`` (all of them for None), built once per program."""
+    key = (None if nodes is None else tuple(nodes), here)
+    found = prog.routes.get(key)
+    if found is None:
+        found = prog.routes[key] = Route(prog, key[0], here)
+    return found
+
+
 def _split(step: _plan.Plan) -> tuple[list[str], list[_plan.Remote]]:
-    if isinstance(step, _plan.Node):
+    if isinstance(step, _plan.Step):
         return [step.id], []
     if isinstance(step, _plan.Remote):
         return [], [step]
@@ -147,40 +96,33 @@ def _split(step: _plan.Plan) -> tuple[list[str], list[_plan.Remote]]:
 class Away:
     """One Remote as the walk needs it: the slice, what it is handed, what it hands back."""
 
-    def __init__(self, host: str, nodes: list[str], given: list[str], needs_input: bool,
-                 wanted: list[str]):
+    def __init__(self, host: str, nodes: tuple[str, ...], given: list[str], needs_input: bool,
+                 wanted: tuple[str, ...]):
         self.host, self.nodes, self.given = host, nodes, given
         self.needs_input, self.wanted = needs_input, wanted
 
 
-def _away(prog: Program, remote: _plan.Remote) -> Away:
-    graph = prog.graph
-    nodes = _plan.node_ids(remote.plan)
+def _away(data: Any, remote: _plan.Remote) -> Away:
+    nodes = tuple(_plan.node_ids(remote.plan))
     here = set(nodes)
     given: list[str] = []
     needs_input = False
     for n in nodes:
-        preds = graph._preds[n]
+        preds = data.preds[n]
         if not preds:
             needs_input = True
         for p in preds:
             if p not in here and p not in given:
                 given.append(p)
-    wanted = [n for n in nodes
-              if not graph._succs[n] or any(s not in here for s in graph._succs[n])]
+    wanted = tuple(n for n in nodes
+                   if not data.succs[n] or any(s not in here for s in data.succs[n]))
     return Away(remote.host, nodes, given, needs_input, wanted)
 
 
-def program(graph: Any) -> Program:
-    """The compiled form of a graph, built once per version of it."""
-    prog = graph._compiled
-    if prog is None:
-        prog = graph._compiled = Program(graph)
-    return prog
-
-
 # -- facts ------------------------------------------------------------------------
-def _emitter(watching: Any, stamping: dict[str, Any] | None) -> Callable[[dict], None] | None:
+def emitter(watching: Any, stamping: dict[str, Any] | None) -> Callable[[dict], None] | None:
+    """One callable telling every watcher each fact, with ``stamping``'s pairs added;
+    None when nobody watches (the cheapest thing for the loop to test)."""
     if watching is None:
         return None
     watchers = list(watching) if isinstance(watching, (list, tuple)) else [watching]
@@ -209,31 +151,6 @@ def _emitter(watching: Any, stamping: dict[str, Any] | None) -> Callable[[dict],
     return emit
 
 
-def _us() -> int:
-    return time.perf_counter_ns() // 1000
-
-
-# -- the edge check ---------------------------------------------------------------
-def settle(value: Any, who: str) -> Any:
-    """What may cross an edge, unwrapped; anything else refused at this edge."""
-    while True:
-        cls = type(value)
-        if cls is Opaque:
-            return value.value
-        if cls in _DATA or isinstance(value, DATA_TYPES):
-            return value
-        if cls is Done:
-            value = value.value
-            continue
-        where = "the input" if who is None else f"node {who!r}"
-        said = "was given" if who is None else "returned"
-        raise walk_error(EdgeError(
-            f"{where} {said} a {cls.__module__}.{cls.__qualname__}, which cannot cross an "
-            f"edge as it is: wrap it in Opaque(...) to pass it untouched, or convert it to "
-            "data (None, bool, int, float, str, bytes, list, tuple, dict)"
-        ))
-
-
 # -- the walk ---------------------------------------------------------------------
 def execute(graph: Any, input: Any = None, *, broker: Any = None, store: Any = None,
             watching: Any = None, stamping: dict[str, Any] | None = None,
@@ -243,9 +160,10 @@ def execute(graph: Any, input: Any = None, *, broker: Any = None, store: Any = N
             opening: dict[str, Any] | None = None) -> Any:
     """Runs a graph (or the part of it named by ``nodes``) and returns its answer.
 
-    ``given`` hands in values for predecessors outside ``nodes``; ``want`` says which
-    outputs to answer with (as a dict) instead of the leaves; ``here`` runs every node
-    in this process whatever its host (what a worker does with its slice).
+    ``graph`` is a Graph or its data form. ``given`` hands in values for predecessors
+    outside ``nodes``; ``want`` says which outputs to answer with (as a dict) instead
+    of the leaves; ``here`` runs every node in this process whatever its host (what a
+    host does with its slice).
 
     For whoever drives a graph in pieces (a trainer, stage by stage): ``transposed``
     walks ``nodes`` against their edges (see ``_transpose``); ``framed=False`` leaves
@@ -253,56 +171,52 @@ def execute(graph: Any, input: Any = None, *, broker: Any = None, store: Any = N
     with ``since`` (a ``perf_counter_ns`` reading) as the start their times count from;
     ``opening`` adds its pairs to the ``began`` fact alone (a trainer's step number).
     """
-    if isinstance(broker, dict):  # {host: Worker}, as forward also takes it: made once
-        from ._graph import as_broker
-
-        broker = as_broker(broker)
+    data = graph.data() if hasattr(graph, "data") else graph
     if transposed:
-        from ._transpose import walk_back
-
-        return walk_back(graph, nodes, given or {}, want or [], broker=broker, here=here,
-                         emit=_emitter(watching, stamping), stamping=stamping,
+        return walk_back(data, nodes, given or {}, want or [], broker=broker, here=here,
+                         emit=emitter(watching, stamping), stamping=stamping,
                          since=time.perf_counter_ns() if since is None else since)
-    prog = program(graph)
-    route = prog.route(nodes, here)
-    emit = _emitter(watching, stamping)
+    prog = program(data)
+    way = route(prog, nodes, here)
+    emit = emitter(watching, stamping)
     value = settle(input, None)
     vals: list[Any] = [None] * len(prog.ids)
     if given:
         for node_id, v in given.items():
-            vals[prog.index[graph._known(node_id)]] = settle(v, node_id)
-    missing = [p for p in route.outside if not given or p not in given]
+            vals[prog.index[data.known(node_id)]] = settle(v, node_id)
+    missing = [p for p in way.outside if not given or p not in given]
     if missing:
         raise DeclarationError(
             f"this part of the graph reads {', '.join(map(repr, missing))}, which it does "
             "not run; hand their values in with given={...}"
         )
-    wanted = route.wanted if want is None else [prog.index[graph._known(n)] for n in want]
+    wanted = way.wanted if want is None else [prog.index[data.known(n)] for n in want]
 
-    memory = None
+    hooks = None
     if store is not None and prog.remembers:
-        from ._remember import Memory
-
-        memory = Memory.start(prog, route, input, store, wanted, emit)
-    if route.away and broker is None:
-        host = next(iter(seg[2][0].host for seg in route.segments if seg[0] == "away"))
+        hooks = Memory.start(prog, way, input, store, wanted, emit)
+    elif any(prog.mapped):
+        hooks = Mapping(prog)
+    backend = backend_of(broker) if way.away else None
+    if way.away and backend is None:
+        host = next(iter(seg[2][0].host for seg in way.segments if seg[0] == "away"))
         raise DeclarationError(
             f"this graph sends nodes to host {host!r} and no broker was given; say where it "
             f"is: forward(..., broker=Broker.embedded({{{host!r}: Worker.at('HOST:PORT')}}))"
         )
 
-    forward_id = uuid.uuid4().hex if route.away else None
+    forward_id = uuid.uuid4().hex if way.away else None
     began = time.perf_counter_ns() if since is None else since
     if emit is not None and framed:
         emit({"fact": "began", "at_us": time.time_ns() // 1000, **(opening or {})})
     try:
-        if route.away:
-            graph.provision(broker)
-        for kind, order, remotes in route.segments:
+        if way.away:
+            backend.prepare(data)
+        for kind, order, remotes in way.segments:
             if kind == "here":
-                _walk(prog, order, vals, value, memory, emit, began)
+                walk(prog, order, vals, value, hooks, emit, began)
             else:
-                _meanwhile(prog, order, remotes, vals, value, broker, memory, emit, began,
+                _meanwhile(prog, order, remotes, vals, value, backend, hooks, emit, began,
                            stamping, forward_id)
     except BaseException:
         if emit is not None and framed:
@@ -324,139 +238,17 @@ def _read(v: Any, reader: str) -> Any:
     return v
 
 
-def _walk(prog: Program, order: list[int], vals: list[Any], value: Any, memory: Any,
-          emit: Callable[[dict], None] | None, began: int) -> None:
-    """Runs these nodes here, in order. The hot loop: keep it plain."""
-    forwards, ctxs, gathers, ids = prog.forwards, prog.ctxs, prog.gathers, prog.ids
-    special = prog.mapped if memory is None else memory.special
-    data = _DATA
-    clock = time.perf_counter_ns
-    last = (clock() - began) // 1000
-    i = -1
-    try:
-        for i in order:
-            if special[i]:
-                if memory is None:
-                    vals[i] = run_mapped(prog, i, _gather(prog, i, vals, value), emit, began)
-                else:
-                    vals[i] = memory.run(i, vals, value)
-                continue
-            kind, source = gathers[i]
-            if kind == ONE:
-                x = vals[source]
-                if type(x) is LostValue:
-                    x.read(ids[i])
-            elif kind == ROOT:
-                x = value
-            else:
-                x = _gather(prog, i, vals, value)
-            if emit is None:
-                out = forwards[i](x, ctxs[i])
-            else:
-                # One clock reading per node: each node's time runs from the end of the
-                # one before, so a watcher's own cost for a fact is charged to the next
-                # node. Watchers of `ran` are appends; the price of a second reading
-                # would be a third of the whole watched walk.
-                out = forwards[i](x, ctxs[i])
-                now = (clock() - began) // 1000
-                emit({"fact": "ran", "node": ids[i], "began_us": last, "took_us": now - last})
-                last = now
-            cls = type(out)
-            if cls is Opaque:
-                out = out.value
-            elif cls not in data:
-                out = settle(out, ids[i])
-            vals[i] = out
-    except Exception as exc:
-        if getattr(exc, "_soma_walk", False):  # the walk's own refusal, already named
-            raise
-        raise _failed(prog, i, exc, emit) from exc
-
-
-def _gather(prog: Program, i: int, vals: list[Any], value: Any) -> Any:
-    """The input of node ``i``: the graph's input, its one predecessor's value, or a map."""
-    kind, source = prog.gathers[i]
-    if kind == ROOT:
-        return value
-    if kind == ONE:
-        x = vals[source]
-        if type(x) is LostValue:
-            x.read(prog.ids[i])
-        return x
-    out = {}
-    for pred, at in source:
-        x = vals[at]
-        if type(x) is LostValue:
-            x.read(prog.ids[i])
-        out[pred] = x
-    return out
-
-
-def _failed(prog: Program, i: int, exc: BaseException, emit: Any) -> NodeError:
-    node = prog.ids[i]
-    kind = type(exc).__name__
-    if emit is not None:
-        emit({"fact": "failed", "node": node, "error": f"{kind}: {exc}"})
-    impl = type(prog.graph._impl[node]).__qualname__
-    error = NodeError(f"node {node!r} ({impl}) raised {kind}: {exc}", node=node, kind=kind)
-    return error
-
-
-def run_mapped(prog: Program, i: int, items: Any, emit: Any, began: int,
-               forward: Callable[[list], Any] | None = None) -> list[Any]:
-    """A ``.mapped()`` node: a list in, a list as long out, checked both ways."""
-    node = prog.ids[i]
-    if not isinstance(items, list):
-        raise walk_error(EdgeError(
-            f"node {node!r} is .mapped() and takes a list, but was handed a "
-            f"{type(items).__qualname__}; give it a list, or drop .mapped()"
-        ))
-    start = time.perf_counter_ns()
-    out = (forward or (lambda xs: prog.forwards[i](xs, prog.ctxs[i])))(items)
-    end = time.perf_counter_ns()
-    out = settle(out, node)
-    if emit is not None:
-        emit({"fact": "ran", "node": node, "began_us": (start - began) // 1000,
-              "took_us": (end - start) // 1000, "items": len(items)})
-    if not isinstance(out, list) or len(out) != len(items):
-        what = f"{len(out)} items" if isinstance(out, list) else f"a {type(out).__qualname__}"
-        raise walk_error(EdgeError(
-            f"node {node!r} is .mapped(): handed {len(items)} items it answered with {what}; "
-            "a mapped node answers with a list as long as its input, item for item"
-        ))
-    return out
-
-
 def _meanwhile(prog: Program, order: list[int], remotes: list[Away], vals: list[Any],
-               value: Any, broker: Any, memory: Any, emit: Any, began: int,
+               value: Any, backend: Backend, hooks: Any, emit: Any, began: int,
                stamping: Any, forward_id: str) -> None:
-    """A wave with Remotes in it: they go out concurrently, local nodes run meanwhile.
-
-    The broker's side of the contract: ``_run_slice(host, graph, nodes, given=,
-    input=, needs_input=, wanted=, watching=, stamping=, forward=)`` runs ``nodes``
-    (in that order) on ``host`` and returns an outcome with ``values`` (what came
-    back, by node), ``lost`` (node -> why it could not travel) and ``facts``. A
-    value in ``given`` may be a LostValue: the broker resolves it where it stayed,
-    or raises Lost.
-    """
-    def job(away: Away) -> tuple[Any, Exception | None]:
-        given = {p: vals[prog.index[p]] for p in away.given}
-        try:
-            return broker._run_slice(away.host, prog.graph, away.nodes, given=given,
-                                     input=value, needs_input=away.needs_input,
-                                     wanted=away.wanted, watching=emit is not None,
-                                     stamping=stamping, forward=forward_id), None
-        except Exception as exc:  # raised below, once what the worker saw is told
-            return None, exc
-
-    if len(remotes) == 1 and not order:
-        settled = [job(remotes[0])]
-    else:
-        with ThreadPoolExecutor(max_workers=len(remotes)) as pool:
-            futures = [pool.submit(job, away) for away in remotes]
-            if order:
-                _walk(prog, order, vals, value, memory, emit, began)
-            settled = [f.result() for f in futures]
+    """A wave with Remotes in it: they go out together, local nodes run meanwhile."""
+    pieces = [Slice(away.host, prog.data, away.nodes,
+                    given={p: vals[prog.index[p]] for p in away.given}, input=value,
+                    needs_input=away.needs_input, wanted=away.wanted,
+                    watching=emit is not None, stamping=stamping, forward=forward_id)
+              for away in remotes]
+    here = (lambda: walk(prog, order, vals, value, hooks, emit, began)) if order else None
+    settled = fan_out(backend, pieces, here)
     failure = None
     for away, (outcome, error) in zip(remotes, settled):
         if error is not None:
@@ -479,11 +271,23 @@ def _meanwhile(prog: Program, order: list[int], remotes: list[Away], vals: list[
         raise failure
 
 
+def run_slice(graph: Any, piece: Slice, facts: list[dict]) -> dict[str, Any]:
+    """A slice run by the host it was sent to, whatever carried it there: every node
+    here, ``given`` as handed. Answers the wanted values; what it saw is appended to
+    ``facts`` as it happens (so a failure still has them), without the forward's
+    bracket, which the caller says."""
+    return execute(graph, piece.input, nodes=list(piece.nodes), given=dict(piece.given),
+                   want=list(piece.wanted), here=True, transposed=piece.transposed,
+                   watching=facts.append if piece.watching else None, framed=False)
+
+
 def foresee(graph: Any, input: Any = None, *, store: Any = None) -> dict[str, Any]:
     """What ``forward`` would call each output, and what it would not run, with nothing
     executed. Without a store nothing is named."""
     if store is None:
         return {"keys": {}, "unneeded": []}
-    from ._remember import foreseen
+    prog = program(graph.data())
+    return foreseen(prog, route(prog, None, False), input, store)
 
-    return foreseen(program(graph), input, store)
+
+hand_down(execute=execute, foresee=foresee, backend_of=backend_of)

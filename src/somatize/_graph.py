@@ -1,61 +1,228 @@
 """Graph: nodes, edges, what each node is declared to be, and the facade over the walk.
 
-Everything a graph knows is declared through these methods and nothing else, so a
-compiled form of it (what the walk reads) can be cached and thrown away on the next
-change. The queries answer in insertion order, which is the order things were said.
+A graph has one data form, ``GraphData``: plain fields, every declaration among them,
+and nothing else. Whatever copies, rewires, serialises, sends or rebuilds a graph goes
+through it — the catalog a worker receives, the ``graph`` fact a record keeps, the
+copy a trainer rewires — with the pure functions below (``describe``, ``undescribed``,
+``assembled``), never through the ``Graph``'s own fields. The ``Graph`` is the mutable
+builder around it: everything it knows is declared through its methods, and its data
+form is taken once per version of it and thrown away on the next change.
+
+The queries answer in insertion order, which is the order things were said.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import _plan
-from ._dsl import Topology, as_piece, snake_case
+from ._dsl import Topology, as_piece, assign_ids, default_id, valid_device, valid_host, valid_id
 from ._errors import CycleError, DeclarationError
 from ._keys import Unwritable, hexdigest_of
 from ._node import made_with
+from ._optional import optional
 
 if TYPE_CHECKING:
     from ._plan import Plan
 
-__all__ = ["Graph", "as_broker", "validate_device", "validate_host"]
+__all__ = ["Graph", "GraphData", "assembled", "describe", "generated", "hand_down", "identity",
+           "undescribed", "validate_device", "validate_host"]
 
-_DEVICE = re.compile(
-    r"^(cpu|cuda|mps|xpu|xla|meta|hip|hpu|ipu|mtia|maia|ve|lazy|vulkan|fpga|ort|mkldnn|"
-    r"opengl|opencl|ideep|privateuseone)(:(0|[1-9][0-9]*))?$"
-)
-_HOST = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
+validate_device = valid_device
+validate_host = valid_host
 
-
-def validate_device(device: Any, node_id: str) -> str:
-    """A torch-style device name, or a DeclarationError naming the node."""
-    if not isinstance(device, str) or not _DEVICE.match(device):
-        raise DeclarationError(
-            f"node {node_id!r} is placed on {device!r}, which is not a device; write it "
-            "the way torch does: 'cpu', 'cuda', 'cuda:0', 'mps'"
-        )
-    return device
+# What the library inserts into a graph it makes for itself (a trainer's positions)
+# is named with a separator no id somebody chose can hold (``valid_id``), so a made
+# id is never one of the user's, whatever the user's ids look like.
+_MADE = "\x1f"
 
 
-def validate_host(host: Any, node_id: str) -> str:
-    """A host name (letters, digits, '.', '_', '-'), or a DeclarationError naming the node."""
-    if not isinstance(host, str) or not _HOST.match(host):
-        raise DeclarationError(
-            f"node {node_id!r} is sent to {host!r}, which is not a host name; a host is "
-            "a name such as 'w1' or 'gpu-0' (letters, digits, '.', '_', '-'), and where "
-            "it is comes from the broker"
-        )
-    return host
+def generated(base: str, role: str) -> str:
+    """An id the library makes beside node ``base``; never equal to a user's id."""
+    return f"{base}{_MADE}{role}"
 
 
-def _valid_id(node_id: Any) -> str:
-    if not isinstance(node_id, str) or not node_id or any(ord(c) < 32 for c in node_id):
-        raise DeclarationError(f"a node id is a non-empty str without control characters, not {node_id!r}")
-    return node_id
+@dataclass(frozen=True, eq=False)
+class GraphData:
+    """A graph as plain data: ids in order, what implements each, the edges, and every
+    declaration. Read, never written: a changed graph is a new ``GraphData``.
+
+    ``unwritable`` names, by qualified type name, the nodes whose construction could not
+    be written down (so they cannot be kept). ``memo`` holds what is derived from the
+    rest (successors, the order, the compiled walk), computed once per data form.
+    """
+
+    ids: tuple[str, ...] = ()
+    impls: Mapping[str, Any] = field(default_factory=dict)
+    edges: tuple[tuple[str, str], ...] = ()
+    devices: Mapping[str, str] = field(default_factory=dict)
+    hosts: Mapping[str, str] = field(default_factory=dict)
+    cached: Mapping[str, str | None] = field(default_factory=dict)
+    frozen: Mapping[str, str | None] = field(default_factory=dict)
+    mapped: frozenset[str] = frozenset()
+    declarations: Mapping[str, str] = field(default_factory=dict)
+    unwritable: Mapping[str, str] = field(default_factory=dict)
+    fingerprints: Mapping[str, str] = field(default_factory=dict)
+    memo: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def preds(self) -> Mapping[str, tuple[str, ...]]:
+        """Each node's predecessors, in edge order."""
+        return self._derived("preds", lambda: _neighbours(self.ids, self.edges, 0))
+
+    @property
+    def succs(self) -> Mapping[str, tuple[str, ...]]:
+        """Each node's successors, in edge order."""
+        return self._derived("succs", lambda: _neighbours(self.ids, self.edges, 1))
+
+    @property
+    def order(self) -> tuple[str, ...]:
+        """Each node after its predecessors; ties kept in insertion order."""
+        return self._derived("order", lambda: _topological(self.ids, self.preds, self.succs))
+
+    def identity(self, node_id: str) -> str:
+        """What implements this node: ``module.QualifiedName`` of its class."""
+        return identity(self.impls[node_id])
+
+    def known(self, node_id: Any) -> str:
+        """The id, if this graph has that node; else a DeclarationError listing some."""
+        if node_id not in self.impls:
+            known = ", ".join(repr(n) for n in self.ids[:20]) or "none"
+            raise DeclarationError(f"this graph has no node {node_id!r}; its nodes are {known}")
+        return node_id
+
+    def _derived(self, name: str, compute: Callable[[], Any]) -> Any:
+        value = self.memo.get(name)
+        if value is None:
+            value = self.memo[name] = compute()
+        return value
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["memo"] = {}  # what is derived is derived again where it lands
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+
+def _neighbours(ids: tuple[str, ...], edges: tuple[tuple[str, str], ...],
+                side: int) -> dict[str, tuple[str, ...]]:
+    """Each node's neighbours along ``edges``: its sources (``side`` 0, the
+    predecessors) or its targets (``side`` 1, the successors), in edge order."""
+    found: dict[str, list[str]] = {n: [] for n in ids}
+    for edge in edges:
+        found[edge[1 - side]].append(edge[side])
+    return {n: tuple(found[n]) for n in ids}
+
+
+def _topological(ids: tuple[str, ...], preds: Mapping[str, tuple[str, ...]],
+                 succs: Mapping[str, tuple[str, ...]]) -> tuple[str, ...]:
+    waiting = {n: len(preds[n]) for n in ids}
+    ready = [n for n in ids if waiting[n] == 0]
+    at = 0
+    while at < len(ready):
+        for s in succs[ready[at]]:
+            waiting[s] -= 1
+            if waiting[s] == 0:
+                ready.append(s)
+        at += 1
+    return tuple(ready)
+
+
+def assembled(ids: Iterable[str], impls: Mapping[str, Any], edges: Iterable[tuple[str, str]],
+              **declarations: Any) -> GraphData:
+    """A ``GraphData`` from its parts; each declaration keeps only nodes it knows, in id
+    order, so a part taken from another graph cannot smuggle a stranger in."""
+    ids = tuple(ids)
+    known = set(ids)
+
+    def ordered(table: Any) -> dict[str, Any]:
+        return {n: table[n] for n in ids if n in table}
+
+    for a, b in edges:
+        if a not in known or b not in known:
+            raise DeclarationError(f"an edge {a!r} -> {b!r} between nodes this graph lacks")
+    return GraphData(
+        ids=ids, impls={n: impls[n] for n in ids}, edges=tuple((a, b) for a, b in edges),
+        devices=ordered(declarations.get("devices", {})),
+        hosts=ordered(declarations.get("hosts", {})),
+        cached=ordered(declarations.get("cached", {})),
+        frozen=ordered(declarations.get("frozen", {})),
+        mapped=frozenset(declarations.get("mapped", ())) & known,
+        declarations=ordered(declarations.get("declarations", {})),
+        unwritable=ordered(declarations.get("unwritable", {})),
+        fingerprints=ordered(declarations.get("fingerprints", {})),
+    )
+
+
+def describe(data: GraphData) -> dict[str, Any]:
+    """The graph as JSON-able data: everything but the objects, which are named by
+    identity. What a ``graph`` fact carries and what a worker's catalog is built from."""
+    return {
+        "nodes": list(data.ids),
+        "edges": [list(edge) for edge in data.edges],
+        "identities": {n: data.identity(n) for n in data.ids},
+        "devices": dict(data.devices),
+        "hosts": dict(data.hosts),
+        "cached": dict(data.cached),
+        "frozen": dict(data.frozen),
+        "mapped": [n for n in data.ids if n in data.mapped],
+        "declarations": dict(data.declarations),
+        "fingerprints": dict(data.fingerprints),
+    }
+
+
+def undescribed(description: Any, impl_of: Callable[[str, str], Any]) -> GraphData:
+    """The mirror of ``describe``: ``impl_of(node, identity)`` answers each node's object.
+
+    A description is checked whole first (it may come from a record on disk or from a
+    peer), and a malformed one is a ValueError saying which part.
+    """
+    _check_description(description)
+    ids = description["nodes"]
+    identities = description.get("identities", {})
+    impls = {n: impl_of(n, identities.get(n, "unknown.Unknown")) for n in ids}
+    tables = {key: description.get(key, {}) for key in
+              ("devices", "hosts", "cached", "frozen", "declarations", "fingerprints")}
+    return assembled(ids, impls, [tuple(e) for e in description["edges"]],
+                     mapped=description.get("mapped", []), **tables)
+
+
+def _check_description(description: Any) -> None:
+    def bad(what: str) -> ValueError:
+        return ValueError(f"a graph description that is malformed: {what}")
+
+    if type(description) is not dict:
+        raise bad("not a map")
+    ids = description.get("nodes")
+    if type(ids) is not list or not all(type(n) is str for n in ids) or len(set(ids)) != len(ids):
+        raise bad("nodes")
+    known = set(ids)
+    edges = description.get("edges")
+    if type(edges) is not list or not all(
+            type(e) is list and len(e) == 2 and e[0] in known and e[1] in known for e in edges):
+        raise bad("edges")
+    for key in ("identities", "devices", "hosts", "declarations", "fingerprints"):
+        table = description.get(key, {})
+        if type(table) is not dict or not all(k in known and type(v) is str for k, v in table.items()):
+            raise bad(key)
+    for key in ("cached", "frozen"):
+        table = description.get(key, {})
+        if type(table) is not dict or not all(
+                k in known and (v is None or type(v) is str) for k, v in table.items()):
+            raise bad(key)
+    mapped = description.get("mapped", [])
+    if type(mapped) is not list or not all(n in known for n in mapped):
+        raise bad("mapped")
+    pairs = tuple(map(tuple, edges))
+    if len(_topological(tuple(ids), _neighbours(tuple(ids), pairs, 0),
+                        _neighbours(tuple(ids), pairs, 1))) != len(ids):
+        raise bad("the edges close a cycle")
 
 
 class Graph:
@@ -74,23 +241,23 @@ class Graph:
         self._hosts: dict[str, str] = {}
         self._cached: dict[str, str | None] = {}
         self._frozen: dict[str, str | None] = {}
-        self._mapped: dict[str, None] = {}
+        self._mapped: set[str] = set()
         self._declarations: dict[str, str] = {}
-        self._unwritable: dict[str, type] = {}  # declarations that could not be written
+        self._unwritable: dict[str, str] = {}  # declarations that could not be written
         self._fingerprints: dict[str, str] = {}
-        self._compiled: Any = None
+        self._data: GraphData | None = None
 
     # -- building -----------------------------------------------------------------
     @classmethod
     def somatize(cls, topology: Topology) -> Graph:
         """Materializes an expression into a graph; refuses it whole or builds it whole."""
         entries, edges = as_piece(topology).flatten()
-        ids = _assign_ids(entries)
+        ids = assign_ids(entries)
         for node_id, (_, _, mods) in zip(ids, entries):
             if "device" in mods:
-                validate_device(mods["device"], node_id)
+                valid_device(mods["device"], node_id)
             if "host" in mods:
-                validate_host(mods["host"], node_id)
+                valid_host(mods["host"], node_id)
         graph = cls()
         for node_id, (impl, _, mods) in zip(ids, entries):
             graph._add(node_id, impl)
@@ -103,17 +270,50 @@ class Graph:
             if "frozen" in mods:
                 graph._frozen[node_id] = None
             if "mapped" in mods:
-                graph._mapped[node_id] = None
+                graph._mapped.add(node_id)
         for a, b in edges:  # acyclic by construction: edges only go forward in the expression
             graph._connect(ids[a], ids[b])
         return graph
+
+    @classmethod
+    def from_data(cls, data: GraphData) -> Graph:
+        """A graph that is this data form; changing it later changes a copy, not ``data``."""
+        graph = cls()
+        graph._impl.update(data.impls)
+        graph._preds.update({n: list(p) for n, p in data.preds.items()})
+        graph._succs.update({n: list(s) for n, s in data.succs.items()})
+        graph._edges.extend(data.edges)
+        graph._devices.update(data.devices)
+        graph._hosts.update(data.hosts)
+        graph._cached.update(data.cached)
+        graph._frozen.update(data.frozen)
+        graph._mapped.update(data.mapped)
+        graph._declarations.update(data.declarations)
+        graph._unwritable.update(data.unwritable)
+        graph._fingerprints.update(data.fingerprints)
+        graph._data = data
+        return graph
+
+    def data(self) -> GraphData:
+        """This graph as data, as it is now; the same object until the graph changes."""
+        data = self._data
+        if data is None:
+            ids = tuple(self._impl)
+            data = self._data = GraphData(
+                ids=ids, impls=dict(self._impl), edges=tuple(self._edges),
+                devices=_ordered(ids, self._devices), hosts=_ordered(ids, self._hosts),
+                cached=_ordered(ids, self._cached), frozen=_ordered(ids, self._frozen),
+                mapped=frozenset(self._mapped), declarations=_ordered(ids, self._declarations),
+                unwritable=_ordered(ids, self._unwritable),
+                fingerprints=_ordered(ids, self._fingerprints))
+        return data
 
     def node(self, *args: Any) -> str:
         """Adds a node, ``node(impl)`` or ``node(id, impl)``, and returns its id."""
         if len(args) == 1:
             impl, node_id = args[0], None
         elif len(args) == 2:
-            node_id, impl = _valid_id(args[0]), args[1]
+            node_id, impl = valid_id(args[0]), args[1]
         else:
             raise TypeError("node() takes an implementation, or an id and an implementation")
         piece = as_piece(impl)
@@ -121,14 +321,14 @@ class Graph:
             raise DeclarationError("node() takes one node; for an expression use Graph.somatize(...)")
         impl = piece._node
         if node_id is None:
-            node_id = _free(snake_case(type(impl).__name__), self._impl)
+            node_id = default_id(impl, self._impl)
         elif node_id in self._impl:
             raise DeclarationError(
                 f"this graph already has a node {node_id!r} "
                 f"({type(self._impl[node_id]).__qualname__}); choose another id"
             )
         self._add(node_id, impl)
-        self._changed()
+        self.changed()
         return node_id
 
     def _add(self, node_id: str, impl: Any) -> None:
@@ -140,7 +340,7 @@ class Graph:
             try:
                 self._declarations[node_id] = hexdigest_of(("declared", made[0], made[1]))
             except Unwritable as exc:
-                self._unwritable[node_id] = exc.what
+                self._unwritable[node_id] = exc.what.__qualname__
 
     def edge(self, source: str, target: str) -> None:
         """Connects two nodes that exist; refuses an edge that would close a cycle."""
@@ -157,7 +357,7 @@ class Graph:
                 cycle,
             )
         self._connect(source, target)
-        self._changed()
+        self.changed()
 
     def _connect(self, source: str, target: str) -> None:
         self._succs[source].append(target)
@@ -190,8 +390,10 @@ class Graph:
             raise DeclarationError(f"this graph has no node {node_id!r}; its nodes are {known}")
         return node_id
 
-    def _changed(self) -> None:
-        self._compiled = None
+    def changed(self) -> None:
+        """Says that running a node now means something else (a hook was put on its
+        ``forward``): what was taken from this graph is taken again before the next walk."""
+        self._data = None
 
     # -- topology -----------------------------------------------------------------
     def nodes(self) -> list[str]:
@@ -220,66 +422,53 @@ class Graph:
 
     def topological_sort(self) -> list[str]:
         """Each node after its predecessors; ties kept in insertion order."""
-        waiting = {n: len(p) for n, p in self._preds.items()}
-        ready = [n for n, count in waiting.items() if count == 0]
-        order: list[str] = []
-        at = 0
-        while at < len(ready):
-            batch = ready[at:]
-            at = len(ready)
-            for n in batch:
-                order.append(n)
-                for s in self._succs[n]:
-                    waiting[s] -= 1
-                    if waiting[s] == 0:
-                        ready.append(s)
-        return order
+        return list(self.data().order)
 
     # -- declarations -------------------------------------------------------------
     def place(self, node_id: str, device: str) -> None:
         """Places a node on a device (``"cuda:0"``); the primitive behind ``.on``."""
-        self._devices[self._known(node_id)] = validate_device(device, node_id)
-        self._changed()
+        self._devices[self._known(node_id)] = valid_device(device, node_id)
+        self.changed()
 
     def devices(self) -> dict[str, str]:
         """Where each placed node runs, in declaration order."""
-        return {n: self._devices[n] for n in self._impl if n in self._devices}
+        return dict(self.data().devices)
 
     def place_at(self, node_id: str, host: str) -> None:
         """Sends a node to a host, by name; what the name means the broker says."""
-        self._hosts[self._known(node_id)] = validate_host(host, node_id)
-        self._changed()
+        self._hosts[self._known(node_id)] = valid_host(host, node_id)
+        self.changed()
 
     def hosts(self) -> dict[str, str]:
         """Which host each node sent away runs on, in declaration order."""
-        return {n: self._hosts[n] for n in self._impl if n in self._hosts}
+        return dict(self.data().hosts)
 
     def cache(self, node_id: str, salt: str | None = None) -> None:
         """Keeps this node's output, with a salt for what the key cannot tell apart."""
         if salt is not None and not isinstance(salt, str):
             raise DeclarationError(f"node {node_id!r}: a salt is a str or None, not {salt!r}")
         self._cached[self._known(node_id)] = salt
-        self._changed()
+        self.changed()
 
     def cached(self) -> dict[str, str | None]:
         """Which nodes are kept, and under what salt."""
-        return {n: self._cached[n] for n in self._impl if n in self._cached}
+        return dict(self.data().cached)
 
     def freeze(self, node_id: str, state: str | None = None) -> None:
         """Declares this node settled, at the state with this digest if one is known."""
         if state is not None and not isinstance(state, str):
             raise DeclarationError(f"node {node_id!r}: a frozen state is a digest str or None")
         self._frozen[self._known(node_id)] = state
-        self._changed()
+        self.changed()
 
     def frozen(self) -> dict[str, str | None]:
         """Which nodes are settled, and at what state (None where none was said)."""
-        return {n: self._frozen[n] for n in self._impl if n in self._frozen}
+        return dict(self.data().frozen)
 
     def mapped(self, node_id: str) -> None:
         """Says this node maps over the items of its input: a list in, as long a list out."""
-        self._mapped[self._known(node_id)] = None
-        self._changed()
+        self._mapped.add(self._known(node_id))
+        self.changed()
 
     def mapped_nodes(self) -> list[str]:
         """The nodes that map over items, in declaration order."""
@@ -301,22 +490,22 @@ class Graph:
                 ) from None
         self._declarations[node_id] = digest
         self._unwritable.pop(node_id, None)
-        self._changed()
+        self.changed()
 
     def declarations(self) -> dict[str, str]:
         """What each node was built with, digested, where it could be said."""
-        return {n: self._declarations[n] for n in self._impl if n in self._declarations}
+        return dict(self.data().declarations)
 
     def written_as(self, node_id: str, fingerprint: str) -> None:
         """Notes the version of the code a node was written against; never in a key."""
         if not isinstance(fingerprint, str):
             raise DeclarationError(f"node {node_id!r}: a fingerprint is a str, not {fingerprint!r}")
         self._fingerprints[self._known(node_id)] = fingerprint
-        self._changed()
+        self.changed()
 
     def fingerprints(self) -> dict[str, str]:
         """The code version noted for each node, where one was."""
-        return {n: self._fingerprints[n] for n in self._impl if n in self._fingerprints}
+        return dict(self.data().fingerprints)
 
     def identities(self) -> dict[str, str]:
         """What implements each node: ``module.QualifiedName`` of its class."""
@@ -329,8 +518,8 @@ class Graph:
     # -- plans --------------------------------------------------------------------
     def plan(self) -> Plan:
         """How this graph will be walked: its waves, distributed by host."""
-        order = self.topological_sort()
-        return _plan.distribute(_plan.waves(order, self._preds), self._hosts)
+        data = self.data()
+        return _plan.distribute(_plan.waves(data.order, data.preds), data.hosts)
 
     def plan_json(self) -> str:
         """The plan as JSON text, for whoever draws it."""
@@ -345,12 +534,11 @@ class Graph:
         A single leaf answers with its value, several with ``{leaf: value}``. ``store``
         (a Store or a directory) makes ``.cached()`` nodes looked up and kept;
         ``watching`` (a callable or a list of them) is told every fact as it happens;
-        ``stamping`` adds its pairs to each fact; ``broker`` says where hosts are.
+        ``stamping`` adds its pairs to each fact; ``broker`` says where hosts are (a
+        Broker, or ``{host: Worker}``).
         """
-        from ._engine import execute
-
-        return execute(self, input, broker=broker, store=store, watching=watching,
-                       stamping=stamping)
+        return _above["execute"](self, input, broker=broker, store=store,
+                                 watching=watching, stamping=stamping)
 
     def foreseen_json(self, input: Any = None, *, store: Any = None) -> str:
         """What each node's output will be called, with nothing executed, as JSON:
@@ -359,84 +547,44 @@ class Graph:
         A ``.mapped()`` node and anything under an input that cannot be written down
         are absent: absence means *cannot tell*, never *did not change*.
         """
-        from ._engine import foresee
-
-        return json.dumps(foresee(self, input, store=store), sort_keys=True)
+        return json.dumps(_above["foresee"](self, input, store=store), sort_keys=True)
 
     def provision(self, broker: Any) -> None:
         """Tells each host what it is going to need, before the first node runs: the
         whole graph, one catalog per wire. ``forward`` calls it for you."""
         if broker is None:
             return
-        as_broker(broker)._provision_graph(self)
+        _above["backend_of"](broker).prepare(self.data())
 
     def figure(self, overlay: Any = None, inside: Any = None) -> Any:
         """The graph drawn as a plotly figure; nothing is executed. Needs ``[viz]``."""
-        try:
-            from .viz import figure
-        except ImportError as exc:  # plotly missing
-            raise ImportError(
-                "Graph.figure needs plotly: pip install 'somatize[viz]'"
-            ) from exc
-        return figure(self, overlay=overlay, inside=inside)
+        return optional("somatize.viz", "viz", "Graph.figure").figure(
+            self.data(), overlay=overlay, inside=inside)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_compiled"] = None
+        state["_data"] = None
         return state
 
     def __repr__(self) -> str:
         return f"Graph({len(self._impl)} nodes, {len(self._edges)} edges)"
 
 
-def as_broker(broker: Any) -> Any:
-    """A broker, from a Broker or a ``{host: Worker}`` dict (as ``forward`` takes it)."""
-    if isinstance(broker, dict):
-        from .wire import Broker
+# The walk sits a layer above the graph and hands its functions down as it loads (the
+# package imports it), so that the graph's facade reaches it without importing upwards.
+_above: dict[str, Callable[..., Any]] = {}
 
-        return Broker.embedded(broker)
-    return broker
+
+def hand_down(**functions: Callable[..., Any]) -> None:
+    """Called once by the walk's module with ``execute``, ``foresee`` and ``backend_of``."""
+    _above.update(functions)
 
 
 def identity(impl: Any) -> str:
+    """``module.QualifiedName`` of an object's class."""
     cls = type(impl)
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def _free(base: str, taken: Any) -> str:
-    if base not in taken:
-        return base
-    n = 2
-    while f"{base}_{n}" in taken:
-        n += 1
-    return f"{base}_{n}"
-
-
-def _assign_ids(entries: list[tuple[Any, str | None, dict]]) -> list[str]:
-    """Chosen ids as they are (a duplicate is refused naming both), defaults around them."""
-    chosen: dict[str, int] = {}
-    for position, (impl, node_id, _) in enumerate(entries):
-        if node_id is None:
-            continue
-        if node_id in chosen:
-            first = type(entries[chosen[node_id]][0]).__qualname__
-            raise DeclarationError(
-                f"two nodes are named {node_id!r}: a {first} and a {type(impl).__qualname__}; "
-                "ids are unique within a graph"
-            )
-        chosen[node_id] = position
-    taken = set(chosen)
-    counts: dict[str, int] = {}
-    ids = []
-    for impl, node_id, _ in entries:
-        if node_id is None:
-            base = snake_case(type(impl).__name__)
-            n = counts.get(base, 0) + 1
-            node_id = base if n == 1 else f"{base}_{n}"
-            while node_id in taken:
-                n += 1
-                node_id = f"{base}_{n}"
-            counts[base] = n
-            taken.add(node_id)
-        ids.append(node_id)
-    return ids
+def _ordered(ids: tuple[str, ...], table: Mapping[str, Any]) -> dict[str, Any]:
+    return {n: table[n] for n in ids if n in table}

@@ -22,7 +22,7 @@ from ._codec import dumps, loads
 from ._errors import UnwritableError, walk_error
 from ._keys import Unwritable, digest_of, node_key
 
-__all__ = ["remember_items"]
+__all__ = ["Items"]
 
 MAPPED = b"mapped"
 
@@ -78,34 +78,47 @@ def _load(store: Any, found: dict[int, tuple[str, Any]], out: list[Any]) -> list
     return gone
 
 
-def remember_items(store: Any, node: str, prefix: bytes, items: list[Any],
-                   compute: Any, emit: Any) -> tuple[list[Any], bytes]:
-    """The node's answer for ``items``, computing only the missing ones with
-    ``compute(list) -> list``; returns the answer and the key of the whole of it."""
-    keys = item_keys(node, prefix, items)
-    manifest_name = "items/" + hashlib.sha256(prefix).hexdigest()
-    manifest = _manifest(store, manifest_name)
-    found = _found(store, keys, manifest)
-    out: list[Any] = [None] * len(items)
-    gone = set(_load(store, found, out))
-    missing = [at for at in range(len(items)) if at not in found or at in gone]
-    where = {at: list(found[at]) for at in found if at not in gone}
-    if len(missing) < len(items) and emit is not None:
-        emit({"fact": "recalled", "node": node, "items": len(items) - len(missing)})
-    if missing:
-        fresh = compute([items[at] for at in missing])
-        try:
+class Items:
+    """One mapped, cached node's items for one walk: looked up before it runs, the
+    missing ones kept after."""
+
+    def __init__(self, store: Any, node: str, prefix: bytes, items: list[Any], emit: Any):
+        self.store, self.node, self.prefix, self.items, self.emit = store, node, prefix, items, emit
+        self.keys = item_keys(node, prefix, items)
+        self.manifest_name = "items/" + hashlib.sha256(prefix).hexdigest()
+        self.manifest = _manifest(store, self.manifest_name)
+        found = _found(store, self.keys, self.manifest)
+        self.out: list[Any] = [None] * len(items)
+        gone = set(_load(store, found, self.out))
+        self.missing = [at for at in range(len(items)) if at not in found or at in gone]
+        self.where = {at: list(found[at]) for at in found if at not in gone}
+        self.key = b""
+
+    @classmethod
+    def looked_up(cls, store: Any, node: str, prefix: bytes, items: list[Any], emit: Any) -> Items:
+        """The items found already kept (said as ``recalled``), and which are missing."""
+        looked = cls(store, node, prefix, items, emit)
+        if len(looked.missing) < len(items) and emit is not None:
+            emit({"fact": "recalled", "node": node, "items": len(items) - len(looked.missing)})
+        return looked
+
+    def missing_items(self) -> list[Any]:
+        return [self.items[at] for at in self.missing]
+
+    def kept(self, fresh: list[Any]) -> list[Any]:
+        """The whole answer, with ``fresh`` (one per missing item) kept as one object;
+        the key of the whole answer is left in ``key``."""
+        store, node = self.store, self.node
+        if self.missing:
             digest = store.put(dumps(fresh))
-        except UnwritableError as exc:
-            raise walk_error(UnwritableError(
-                f"node {node!r}: what it answered for an item cannot be kept: {exc}")) from None
-        for index, (at, value) in enumerate(zip(missing, fresh)):
-            out[at] = value
-            where[at] = [digest, index]
-            store.bind("key/" + keys[at].hex(), digest, {"node": node, "item": index})
-        if emit is not None:
-            emit({"fact": "kept", "node": node, "items": len(missing)})
-    latest = {keys[at].hex(): where[at] for at in range(len(items))}
-    if latest != manifest:
-        store.bind(manifest_name, store.put(json.dumps(latest).encode()), {"node": node})
-    return out, node_key(MAPPED + prefix, keys)
+            for index, (at, value) in enumerate(zip(self.missing, fresh)):
+                self.out[at] = value
+                self.where[at] = [digest, index]
+                store.bind("key/" + self.keys[at].hex(), digest, {"node": node, "item": index})
+            if self.emit is not None:
+                self.emit({"fact": "kept", "node": node, "items": len(self.missing)})
+        latest = {self.keys[at].hex(): self.where[at] for at in range(len(self.items))}
+        if latest != self.manifest:
+            store.bind(self.manifest_name, store.put(json.dumps(latest).encode()), {"node": node})
+        self.key = node_key(MAPPED + self.prefix, self.keys)
+        return self.out

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._dsl import as_piece
 from ._errors import MissingForward
 
 __all__ = ["Ctx", "Done", "Node", "Opaque"]
@@ -49,46 +50,40 @@ class Node:
 
     # The expression. Each returns a new piece; the node itself is never changed.
     def __rshift__(self, other: Any) -> Any:
-        return _dsl().as_piece(self) >> other
+        return as_piece(self) >> other
 
     def __rrshift__(self, other: Any) -> Any:
-        return _dsl().as_piece(other) >> self
+        return as_piece(other) >> self
 
     def __or__(self, other: Any) -> Any:
-        return _dsl().as_piece(self) | other
+        return as_piece(self) | other
 
     def __ror__(self, other: Any) -> Any:
-        return _dsl().as_piece(other) | self
+        return as_piece(other) | self
 
     def named(self, node_id: str) -> Any:
         """The same node, under the id you say."""
-        return _dsl().as_piece(self).named(node_id)
+        return as_piece(self).named(node_id)
 
     def on(self, device: str) -> Any:
         """The same piece, placed on a device; the innermost ``.on`` wins."""
-        return _dsl().as_piece(self).on(device)
+        return as_piece(self).on(device)
 
     def at(self, host: str) -> Any:
         """The same piece, sent to a host by name; the innermost ``.at`` wins."""
-        return _dsl().as_piece(self).at(host)
+        return as_piece(self).at(host)
 
     def cached(self, salt: str | None = None) -> Any:
         """The same piece, worth keeping: looked up before it runs, kept after."""
-        return _dsl().as_piece(self).cached(salt)
+        return as_piece(self).cached(salt)
 
     def frozen(self) -> Any:
         """The same piece, declared settled: its state does not change while it runs."""
-        return _dsl().as_piece(self).frozen()
+        return as_piece(self).frozen()
 
     def mapped(self) -> Any:
         """The same piece, mapping over the items of a list: one answer per item."""
-        return _dsl().as_piece(self).mapped()
-
-
-def _dsl() -> Any:
-    from . import _dsl as module
-
-    return module
+        return as_piece(self).mapped()
 
 
 def made_with(node: Any) -> tuple[tuple[Any, ...], dict[str, Any]] | None:

@@ -1,6 +1,6 @@
 """How a graph is walked, as data: pure functions from a topology to a Plan.
 
-``Node(id)`` runs one node, ``Seq`` runs its steps in order, ``Wave`` holds steps
+``Step(id)`` runs one node (``{"Node": id}`` in the plan's JSON), ``Seq`` runs its steps in order, ``Wave`` holds steps
 that do not depend on each other, and ``Remote(host, plan)`` is a stretch sent away as
 one round trip. A plan is the topological waves of the graph (a node sits in the
 wave after its latest predecessor), then distributed by host: within a wave the nodes
@@ -19,14 +19,14 @@ from dataclasses import dataclass
 from typing import Any, Union
 
 __all__ = [
-    "Node", "Plan", "Remote", "Seq", "Wave",
-    "distribute", "levels", "plan_from_json", "plan_to_json", "stages", "waves",
+    "Plan", "Remote", "Seq", "Step", "Wave",
+    "distribute", "levels", "node_ids", "plan_from_json", "plan_to_json", "stages", "waves",
 ]
 
 
 @dataclass(frozen=True, slots=True)
-class Node:
-    """Run one node."""
+class Step:
+    """Run one node. (Not ``Node``: that is the user's class, and this is a plan's step.)"""
 
     id: str
 
@@ -65,7 +65,7 @@ class Remote:
         return f"Remote({self.host}: {self.plan!r})"
 
 
-Plan = Union[Node, Seq, Wave, Remote]
+Plan = Union[Step, Seq, Wave, Remote]
 
 
 def levels(order: Sequence[str], preds: Mapping[str, Sequence[str]],
@@ -102,9 +102,9 @@ def distribute(grouped: Sequence[Sequence[str]], hosts: Mapping[str, str]) -> Se
         for n in wave:
             host = hosts.get(n)
             if host is None:
-                local.append(Node(n))
+                local.append(Step(n))
             else:
-                remote.setdefault(host, []).append(Node(n))
+                remote.setdefault(host, []).append(Step(n))
         parts = local + [Remote(h, _one(nodes, Wave)) for h, nodes in remote.items()]
         step = _one(parts, Wave)
         previous = steps[-1] if steps else None
@@ -128,7 +128,7 @@ def _joined(first: Plan, then: Plan) -> Seq:
 def plan_to_json(plan: Plan) -> Any:
     """The plan as plain data: ``{"Seq": [...]}``, ``{"Wave": [...]}``, ``{"Node": id}``,
     ``{"Remote": {"host": h, "plan": {...}}}``."""
-    if isinstance(plan, Node):
+    if isinstance(plan, Step):
         return {"Node": plan.id}
     if isinstance(plan, Seq):
         return {"Seq": [plan_to_json(s) for s in plan.steps]}
@@ -145,7 +145,7 @@ def plan_from_json(data: Any) -> Plan:
         raise ValueError(f"not a plan: {data!r}")
     (kind, body), = data.items()
     if kind == "Node":
-        return Node(body)
+        return Step(body)
     if kind == "Seq":
         return Seq(tuple(plan_from_json(s) for s in body))
     if kind == "Wave":
@@ -157,7 +157,7 @@ def plan_from_json(data: Any) -> Plan:
 
 def node_ids(plan: Plan) -> list[str]:
     """Every node a plan runs, in the order it runs them."""
-    if isinstance(plan, Node):
+    if isinstance(plan, Step):
         return [plan.id]
     if isinstance(plan, Remote):
         return node_ids(plan.plan)
@@ -167,15 +167,20 @@ def node_ids(plan: Plan) -> list[str]:
 def stages(graph: Any, trained: Any = ()) -> list[list[str]]:
     """The graph cut where a value stops being one forward: along an edge whose two
     ends differ in (host, trained). Stage k holds the nodes of level k, in topological
-    order, so walking the stages backwards is a valid order for a backward pass."""
-    hosts = graph.hosts()
+    order, so walking the stages backwards is a valid order for a backward pass.
+
+    ``graph`` is anything that answers ``hosts()``, ``topological_sort()`` and
+    ``predecessors(n)`` (a Graph), or a graph's data form."""
+    if hasattr(graph, "order"):  # a data form
+        hosts, order, preds = graph.hosts, list(graph.order), graph.preds
+    else:
+        hosts, order = graph.hosts(), graph.topological_sort()
+        preds = {n: graph.predecessors(n) for n in order}
     trained = frozenset(trained)
 
     def cut(p: str, c: str) -> bool:
         return (hosts.get(p), p in trained) != (hosts.get(c), c in trained)
 
-    order = graph.topological_sort()
-    preds = {n: graph.predecessors(n) for n in order}
     level = levels(order, preds, cut)
     grouped: list[list[str]] = [[] for _ in range(max(level.values(), default=-1) + 1)]
     for n in order:

@@ -16,21 +16,20 @@ so what is below it can still be kept.
 from __future__ import annotations
 
 import sys
-import time
 from typing import Any
 
 from ._codec import dumps, loads
 from ._errors import CacheError, StoreError, UnwritableError, walk_error
-from ._items import remember_items
+from ._items import Items
 from ._keys import Unwritable, digest_of, node_key, node_prefix
+from ._walk import SKIP, Hooks, gather, mapped_answer, mapped_items
+from .store import Store
 
-__all__ = ["Memory", "foreseen", "open_store", "name_of"]
+__all__ = ["Memory", "changing_above", "foreseen", "name_of", "open_store"]
 
 
-def open_store(store: Any) -> Any:
+def open_store(store: Any) -> Store:
     """A Store, from a Store or a directory."""
-    from .store import Store
-
     if isinstance(store, Store):
         return store
     if isinstance(store, (str, bytes)) or hasattr(store, "__fspath__"):
@@ -47,43 +46,51 @@ class Static:
     """What remembering needs that only changes with the graph."""
 
     def __init__(self, prog: Any):
-        graph = prog.graph
-        ids = prog.ids
-        self.prefix = [node_prefix(_identity(graph, n), graph._declarations.get(n),
-                                   graph._cached.get(n), graph._frozen.get(n)) for n in ids]
-        self.refusal = _refusal(graph, prog)
+        data = prog.data
+        self.prefix = [node_prefix(data.identity(n), data.declarations.get(n),
+                                   data.cached.get(n), data.frozen.get(n)) for n in data.ids]
+        self.refusal = _refusal(data)
 
 
-def _identity(graph: Any, node_id: str) -> str:
-    cls = type(graph._impl[node_id])
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
-def _refusal(graph: Any, prog: Any) -> str | None:
+def _refusal(data: Any) -> str | None:
     """Why keeping these nodes could lie, or None: something above a cached node (or the
     node itself) can still change, or a cached node's declaration cannot be written."""
-    cached = [n for n in prog.ids if n in graph._cached]
-    for n in cached:
-        if n in graph._unwritable:
+    for n in data.cached:
+        if n in data.unwritable:
             return (f"node {n!r} is .cached() but it was built with a "
-                    f"{graph._unwritable[n].__qualname__}, which cannot be written down, so two "
+                    f"{data.unwritable[n]}, which cannot be written down, so two "
                     "different constructions would share one key; build it from data, or say "
                     f"what it is with graph.declared_as({n!r}, ...)")
-    changing = [n for n in prog.ids if n not in graph._frozen and _has_parameters(graph._impl[n])]
-    if not changing or not cached:
+    changing = changing_above(data, data.frozen, _has_parameters)
+    if changing is None:
         return None
-    for n in cached:
-        for above in _at_or_above(graph, n):
-            if above in changing:
-                return (f"node {n!r} is .cached() but {above!r} "
-                        f"{'is itself' if above == n else 'is above it and'} has parameters "
-                        "and is not frozen, so what was kept could stop being what it would "
-                        f"produce; declare {above!r} .frozen() (and settle it with "
-                        "somatize.torch.freeze), or drop .cached()")
+    n, above = changing
+    return (f"node {n!r} is .cached() but {above!r} "
+            f"{'is itself' if above == n else 'is above it and'} has parameters "
+            "and is not frozen, so what was kept could stop being what it would "
+            f"produce; declare {above!r} .frozen() (and settle it with "
+            "somatize.torch.freeze), or drop .cached()")
+
+
+def changing_above(data: Any, frozen: Any, has_parameters: Any) -> tuple[str, str] | None:
+    """The first cached node with something at or above it that can still change (has
+    parameters, by ``has_parameters(impl, id)``, and is not in ``frozen``), and that
+    something; None when every kept output stays what it would be. The one rule both
+    the walk and a Trainer hold a cache to."""
+    for n in data.cached:
+        seen, stack = [n], [n]
+        while stack:
+            for p in data.preds[stack.pop()]:
+                if p not in seen:
+                    seen.append(p)
+                    stack.append(p)
+        for above in seen:
+            if above not in frozen and has_parameters(data.impls[above], above):
+                return n, above
     return None
 
 
-def _has_parameters(impl: Any) -> bool:
+def _has_parameters(impl: Any, node_id: str) -> bool:
     parameters = getattr(impl, "parameters", None)
     if not callable(parameters):
         return False
@@ -91,16 +98,6 @@ def _has_parameters(impl: Any) -> bool:
         return any(True for _ in parameters())
     except TypeError:
         return False
-
-
-def _at_or_above(graph: Any, node_id: str) -> list[str]:
-    seen, stack = [node_id], [node_id]
-    while stack:
-        for p in graph._preds[stack.pop()]:
-            if p not in seen:
-                seen.append(p)
-                stack.append(p)
-    return seen
 
 
 def _input_key(value: Any) -> tuple[bytes | None, type | None]:
@@ -127,8 +124,9 @@ def _keys(prog: Any, route: Any, static: Static, root: bytes | None,
             keys[i] = node_key(static.prefix[i], inputs)
 
 
-class Memory:
-    """The remembering half of one forward."""
+class Memory(Hooks):
+    """The remembering half of one forward: the hooks of its cached, mapped, recalled
+    and unneeded nodes."""
 
     def __init__(self, prog: Any, store: Any, static: Static, keys: list, hits: dict,
                  demand: list[bool], emit: Any, input_type: type | None):
@@ -137,21 +135,22 @@ class Memory:
         self.input_type = input_type
         self.special = [prog.cached[i] or prog.mapped[i] or not demand[i] or i in hits
                         for i in range(len(prog.ids))]
-        self.began = time.perf_counter_ns()
+        self.items: dict[int, Items] = {}  # mapped nodes between before and after
 
     @classmethod
     def start(cls, prog: Any, route: Any, input: Any, store: Any, wanted: list[int],
               emit: Any) -> Memory:
         store = open_store(store)
-        static = prog.memory
+        static = prog.routes.get("memory")
         if static is None:
-            static = prog.memory = Static(prog)
+            static = prog.routes["memory"] = Static(prog)
         if static.refusal is not None:
             raise CacheError(static.refusal)
+        data = prog.data
         for node in route.sent:
-            if node in prog.graph._cached:
+            if node in data.cached:
                 raise CacheError(
-                    f"node {node!r} is .cached() and sent to host {prog.hosts[node]!r}; "
+                    f"node {node!r} is .cached() and sent to host {data.hosts[node]!r}; "
                     "outputs are kept by whoever holds the store, which is here: run "
                     f"{node!r} here, or drop .cached()"
                 )
@@ -176,36 +175,57 @@ class Memory:
         demand = _demand(prog, route, wanted, hits)
         return cls(prog, store, static, keys, hits, demand, emit, input_type)
 
-    def run(self, i: int, vals: list[Any], value: Any) -> Any:
-        from ._engine import _gather, run_mapped, settle
-
+    def before(self, i: int, vals: list[Any], value: Any) -> Any:
         prog, emit = self.prog, self.emit
-        node = prog.ids[i]
         if not self.demand[i]:
             if emit is not None:
-                emit({"fact": "unneeded", "node": node})
-            return None
-        key = self.keys[i]
-        if key is None and prog.cached[i] and not prog.mapped[i]:
+                emit({"fact": "unneeded", "node": prog.ids[i]})
+            vals[i] = None
+            return SKIP
+        if self.keys[i] is None and prog.cached[i] and not prog.mapped[i]:
             key = self.keys[i] = self._late_key(i)
             if key is not None:
                 bound = self.store.resolve(name_of(key))
                 if bound is not None:
                     self.hits[i] = bound
         if i in self.hits:
-            return self._recall(i, self.hits[i])
-        x = _gather(prog, i, vals, value)
+            vals[i] = self._recall(i, self.hits[i])
+            return SKIP
+        x = gather(prog, i, vals, value)
+        if not prog.mapped[i]:
+            return x
+        x = mapped_items(prog, i, x)
+        if not prog.cached[i]:
+            return x
+        items = self.items[i] = Items.looked_up(self.store, prog.ids[i], self.static.prefix[i],
+                                                x, emit)
+        if not items.missing:
+            vals[i] = self._kept_items(i, [])
+            return SKIP
+        return items.missing_items()
+
+    def after(self, i: int, x: Any, out: Any) -> Any:
+        prog = self.prog
         if prog.mapped[i]:
-            if prog.cached[i]:
-                return self._mapped(i, x)
-            return run_mapped(prog, i, x, emit, self.began)
-        start = time.perf_counter_ns()
-        out = settle(prog.forwards[i](x, prog.ctxs[i]), node)
-        if emit is not None:
-            emit({"fact": "ran", "node": node, "began_us": (start - self.began) // 1000,
-                  "took_us": (time.perf_counter_ns() - start) // 1000})
+            out = mapped_answer(prog, i, x, out)
+            return self._kept_items(i, out) if prog.cached[i] else out
         if prog.cached[i]:
-            self._keep(i, key, out)
+            self._keep(i, self.keys[i], out)
+        return out
+
+    def told(self, i: int, x: Any, fact: dict[str, Any]) -> None:
+        if self.prog.mapped[i]:
+            fact["items"] = len(x)
+
+    def _kept_items(self, i: int, fresh: list[Any]) -> list[Any]:
+        items = self.items.pop(i)
+        try:
+            out = items.kept(fresh)
+        except UnwritableError as exc:
+            raise walk_error(UnwritableError(
+                f"node {self.prog.ids[i]!r}: what it answered for an item cannot be kept: "
+                f"{exc}")) from None
+        self.keys[i] = items.key
         return out
 
     def _late_key(self, i: int) -> bytes | None:
@@ -236,7 +256,7 @@ class Memory:
             ))
         value = loads(blob)
         kept_as = bound.meta.get("fingerprint") if bound.meta else None
-        now = self.prog.graph._fingerprints.get(node)
+        now = self.prog.data.fingerprints.get(node)
         if kept_as != now:
             print(f"somatize: node {node!r} recalled an output kept by version {kept_as!r}; "
                   f"this graph says {now!r}", file=sys.stderr)
@@ -254,7 +274,7 @@ class Memory:
                 "a codec for it with somatize.codec(...), or drop .cached()"
             ))
         meta = {"node": node}
-        fingerprint = prog.graph._fingerprints.get(node)
+        fingerprint = prog.data.fingerprints.get(node)
         if fingerprint is not None:
             meta["fingerprint"] = fingerprint
         try:
@@ -266,17 +286,6 @@ class Memory:
         self.store.bind(name, self.store.put(blob), meta)
         if self.emit is not None:
             self.emit({"fact": "kept", "node": node, "key": name})
-
-    def _mapped(self, i: int, items: Any) -> list[Any]:
-        from ._engine import run_mapped
-
-        prog, emit = self.prog, self.emit
-        if not isinstance(items, list):
-            return run_mapped(prog, i, items, emit, self.began)  # refuses, naming the node
-        out, self.keys[i] = remember_items(
-            self.store, prog.ids[i], self.static.prefix[i], items,
-            lambda missing: run_mapped(prog, i, missing, emit, self.began), emit)
-        return out
 
 
 def _demand(prog: Any, route: Any, wanted: list[int], hits: dict) -> list[bool]:
@@ -296,13 +305,12 @@ def _demand(prog: Any, route: Any, wanted: list[int], hits: dict) -> list[bool]:
     return demand
 
 
-def foreseen(prog: Any, input: Any, store: Any) -> dict[str, Any]:
-    """The keys and the unneeded of one forward, with nothing run."""
+def foreseen(prog: Any, route: Any, input: Any, store: Any) -> dict[str, Any]:
+    """The keys and the unneeded of one forward along ``route``, with nothing run."""
     store = open_store(store)
-    static = prog.memory
+    static = prog.routes.get("memory")
     if static is None:
-        static = prog.memory = Static(prog)
-    route = prog.route(None, False)
+        static = prog.routes["memory"] = Static(prog)
     root, _ = _input_key(input)
     keys: list[bytes | None] = [None] * len(prog.ids)
     _keys(prog, route, static, root, keys)

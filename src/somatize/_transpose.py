@@ -16,13 +16,13 @@ a cut is a stage boundary), so they go out side by side.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ._errors import DeclarationError
+from ._slices import Slice, backend_of, fan_out
+from ._walk import MANY, ONE, ROOT, SKIP, Hooks, Program, gather, walk
 
 __all__ = ["GIVEN", "POSITION", "walk_back"]
 
@@ -30,58 +30,50 @@ POSITION = "_soma_position"
 GIVEN = "__given__"
 
 
-def walk_back(graph: Any, nodes: Iterable[str] | None, given: dict[str, Any],
+def walk_back(data: Any, nodes: Iterable[str] | None, given: dict[str, Any],
               want: Iterable[str], *, broker: Any, here: bool, emit: Any, stamping: Any,
               since: int) -> dict[str, Any]:
     """Walks ``nodes`` against their edges; answers ``{node: what it gave back}`` for
     each node in ``want``. ``given`` is what arrives at a node from outside the walk."""
-    chosen = [graph._known(n) for n in (graph.nodes() if nodes is None else nodes)]
-    want = [graph._known(n) for n in want]
+    chosen = [data.known(n) for n in (data.ids if nodes is None else nodes)]
+    want = [data.known(n) for n in want]
     for n in list(given) + want:
         if n not in chosen:
             raise DeclarationError(f"{n!r} is given to or wanted from a walk it is not part of")
-    hosts = {} if here else graph._hosts
+    hosts = {} if here else data.hosts
     parts: dict[str | None, list[str]] = {}
     for n in chosen:
         parts.setdefault(hosts.get(n), []).append(n)
     inside = set(chosen)
     for n in chosen:
-        for s in graph._succs[n]:
+        for s in data.succs[n]:
             if s in inside and hosts.get(s) != hosts.get(n):
                 raise DeclarationError(
                     f"{n!r} and {s!r} are on different hosts, so the edge between them is a "
                     "cut; walk each stage back on its own"
                 )
-    answered: dict[str, Any] = {}
     away = [(h, part) for h, part in parts.items() if h is not None]
-    if away and broker is None:
+    local = parts.get(None, [])
+    answered: dict[str, Any] = {}
+    if not away:
+        answered.update(_here(data, local, given, emit, since))
+        return {n: answered[n] for n in want}
+    backend = backend_of(broker)
+    if backend is None:
         raise DeclarationError(
             f"walking back {away[0][1][0]!r} means reaching host {away[0][0]!r}, and no "
             "broker was given"
         )
-    if away:
-        graph.provision(broker)
-    local = parts.get(None, [])
-    if not away:
-        answered.update(_here(graph, local, given, emit, since))
-        return {n: answered[n] for n in want}
+    backend.prepare(data)
     forward_id = uuid.uuid4().hex
-
-    def send(host: str, part: list[str]) -> Any:
-        return broker._run_slice(
-            host, graph, part, given={n: given[n] for n in part if n in given}, input=None,
-            needs_input=False, wanted=[n for n in want if n in part],
-            watching=emit is not None, stamping=stamping, forward=forward_id, transposed=True)
-
-    if len(away) == 1 and not local:  # the common case: no thread to start
-        outcomes = [send(*away[0])]
-    else:
-        with ThreadPoolExecutor(max_workers=len(away)) as pool:
-            futures = [pool.submit(send, h, part) for h, part in away]
-            if local:
-                answered.update(_here(graph, local, given, emit, since))
-            outcomes = [f.result() for f in futures]
-    for outcome in outcomes:
+    pieces = [Slice(host, data, tuple(part), given={n: given[n] for n in part if n in given},
+                    wanted=tuple(n for n in want if n in part), watching=emit is not None,
+                    stamping=stamping, forward=forward_id, transposed=True)
+              for host, part in away]
+    meanwhile = (lambda: answered.update(_here(data, local, given, emit, since))) if local else None
+    for outcome, error in fan_out(backend, pieces, meanwhile):
+        if error is not None:
+            raise error
         answered.update(outcome.values)
         if emit is not None:
             for fact in outcome.facts:
@@ -92,34 +84,63 @@ def walk_back(graph: Any, nodes: Iterable[str] | None, given: dict[str, Any],
     return {n: answered[n] for n in want}
 
 
-def _here(graph: Any, nodes: list[str], given: dict[str, Any], emit: Any,
-          since: int) -> dict[str, Any]:
-    from ._engine import _failed, program, settle
+class _Through(Hooks):
+    """A node that is not a position is walked through: what arrived goes on as it is."""
 
-    prog = program(graph)
+    def __init__(self, prog: Program, special: list[bool]):
+        self.prog, self.special = prog, special
+
+    def before(self, i: int, vals: list[Any], value: Any) -> Any:
+        vals[i] = gather(self.prog, i, vals, value)
+        return SKIP
+
+
+def transposed(data: Any, nodes: tuple[str, ...], given: tuple[str, ...]) -> tuple[Program, _Through]:
+    """The program of ``nodes`` against their edges: each node reads what its
+    successors inside answered (a map keyed by successor, with ``GIVEN`` for what the
+    caller hands in, when more than one arrives); ``given`` holds slots after the nodes'."""
     inside = set(nodes)
-    order = [n for n in reversed(graph.topological_sort()) if n in inside]
-    values: dict[str, Any] = {}
+    order = [n for n in reversed(data.order) if n in inside]
+    index = {n: i for i, n in enumerate(order)}
+    slot = {n: len(order) + k for k, n in enumerate(given)}
+    gathers: list[tuple[int, Any]] = []
     for n in order:
-        arriving = [(s, values[s]) for s in graph._succs[n] if s in inside]
-        if n in given:
-            arriving.append((GIVEN, given[n]))
-        x = None if not arriving else arriving[0][1] if len(arriving) == 1 else dict(arriving)
-        impl = graph._impl[n]
-        if not getattr(impl, POSITION, False):
-            values[n] = x
-            continue
-        i = prog.index[n]
-        start = time.perf_counter_ns()
-        try:
-            out = settle(impl.forward(x, prog.ctxs[i]), n)
-        except Exception as exc:
-            if getattr(exc, "_soma_walk", False):
-                raise
-            raise _failed(prog, i, exc, emit) from exc
-        if emit is not None:
-            end = time.perf_counter_ns()
-            emit({"fact": "ran", "node": n, "began_us": (start - since) // 1000,
-                  "took_us": (end - start) // 1000, "backward": True})
-        values[n] = out
-    return values
+        arriving = [(s, index[s]) for s in data.succs[n] if s in inside]
+        if n in slot:
+            arriving.append((GIVEN, slot[n]))
+        if not arriving:
+            gathers.append((ROOT, None))
+        elif len(arriving) == 1:
+            gathers.append((ONE, arriving[0][1]))
+        else:
+            gathers.append((MANY, tuple(arriving)))
+    impls = [data.impls[n] for n in order]
+    prog = Program(order, impls, [data.devices.get(n) for n in order], gathers)
+    special = [not getattr(impl, POSITION, False) for impl in impls]
+    return prog, _Through(prog, special)
+
+
+def _here(data: Any, nodes: list[str], given: dict[str, Any], emit: Any,
+          since: int) -> dict[str, Any]:
+    key = ("transposed", tuple(nodes), tuple(given))
+    built = data.memo.get(key)
+    if built is None:
+        built = data.memo[key] = transposed(data, tuple(nodes), tuple(given))
+    prog, hooks = built
+    vals: list[Any] = [None] * (len(prog.ids) + len(given))
+    for k, n in enumerate(given):
+        vals[len(prog.ids) + k] = given[n]
+    walk(prog, list(range(len(prog.ids))), vals, None, hooks, _backward(emit), since)
+    return {n: vals[i] for i, n in enumerate(prog.ids)}
+
+
+def _backward(emit: Any) -> Any:
+    """``emit``, with what a position ran walking back said to be a backward run."""
+    if emit is None:
+        return None
+
+    def told(fact: dict) -> None:
+        if fact["fact"] == "ran":
+            fact["backward"] = True
+        emit(fact)
+    return told

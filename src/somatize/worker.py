@@ -92,6 +92,9 @@ def _serve(host: str, port: int, token: bytes | None, tls: Any, timeout: float, 
         print(f"somatize.worker: cannot listen on {host}:{port}: {exc.strerror or exc}",
               file=sys.stderr)
         return 1
+    # Said before the first line: whoever read it may end this worker at once.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: server.stop())
     print(f"listening on {server.address}", flush=True)
     if log is not None:  # the log, and whatever a node says, from here on
         os.dup2(log, 2)
@@ -99,8 +102,6 @@ def _serve(host: str, port: int, token: bytes | None, tls: Any, timeout: float, 
     # Whatever a node prints goes to stderr from here on: a client that read the first
     # line may not read another, and a full pipe would stop the worker mid-slice.
     os.dup2(2, 1)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: server.stop())
     say("listening on %s (token: %s, tls: %s)", server.address, "yes" if token else "no",
         "yes" if tls else "no")
     server.serve()

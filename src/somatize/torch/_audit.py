@@ -109,7 +109,7 @@ class Audit:
             else:
                 node = graph.implementation(where.node)
                 self._wrapped.append((node, _Wrapper.around(node, where), where))
-        graph._changed()  # the walk keeps bound forwards; have it look again
+        graph.changed()  # the walk keeps bound forwards; have it look again
         self._graph, self._wheres = graph, wheres
         self._held = Held(wheres, self.sampled)
         self._restart(not self._steered)
@@ -142,7 +142,7 @@ class Audit:
         self._graph, self._armed, self._before, self._steered = None, False, None, False
         self._held = None
         if graph is not None:
-            graph._changed()
+            graph.changed()
 
     @property
     def wheres(self) -> list[str]:
@@ -194,32 +194,43 @@ class Audit:
             for where in self._wheres:
                 where.clear()
 
-    def _take(self, graph: Any) -> None:
+    @property
+    def watching(self) -> bool:
+        """Whether its hooks are on (a graph, or a node by hand, is being watched)."""
+        return self._graph is not None
+
+    def take(self, graph: Any) -> None:
         """A Trainer takes this Audit (``audit_for`` checked that it may): it watches the
-        graph, and from now on the hooks count only between the Trainer's ``_begin``
+        graph, and from now on the hooks count only between the Trainer's ``begin``
         and ``observed``, so nothing another Trainer runs on the same graph meanwhile
         is mistaken for this one's step."""
         self._steered, self._armed = True, False
         self.watch(graph)
 
-    def _begin(self, graph: Any) -> None:
-        """A Trainer's step begins. After ``release`` (a closed Trainer stepping on)
-        the hooks go back on first."""
-        if self._graph is None:
+    def begin(self, graph: Any = None) -> bool:
+        """A Trainer's step begins (on the node it watches by hand, without a graph).
+        After ``release`` (a closed Trainer stepping on) the hooks go back on first, and
+        the answer is True: what was compiled from the graph has to be taken again."""
+        rehooked = False
+        if self._graph is None and graph is not None:
             self.watch(graph)
-            self._steered = True
+            self._steered = rehooked = True
         self._restart(True)
+        return rehooked
 
     def _snapshot(self) -> None:
         """The trainable weights as the step found them, for ``update_ratio``; taken at
         the first hook, since nothing moves them before the optimizer does."""
         self._before = self._held.taken()
 
-    def observed(self, graph: Any, *, updated: bool = True) -> list[dict[str, Any]]:
+    def observed(self, graph: Any = None, *, updated: bool = True) -> list[dict[str, Any]]:
         """One ``health`` fact per ``where`` for the step that just ended; [] when it
         was not measured. Call it after the optimizer's step, so ``update_ratio`` is
         what the step did; ``updated=False`` (a group of steps still open) leaves
-        ``update_ratio`` out rather than calling no update a zero one."""
+        ``update_ratio`` out rather than calling no update a zero one. ``graph`` is the
+        one it watches; None for the node it watches by hand."""
+        if graph is None and self._graph is _BY_HAND:
+            graph = _BY_HAND
         if graph is not self._graph:
             raise DeclarationError("Audit.observed was handed a graph it does not watch; "
                                    "call watch(graph) first, and observed with that graph")
@@ -257,7 +268,7 @@ _BY_HAND = object()  # what an Audit watching one node by hand watches instead o
 
 def audit_for(graph: Any, auditing: Any, watchers: list[Any]) -> Audit | None:
     """What a Trainer's ``auditing=`` asks for, checked but not yet taken: every refusal
-    comes before the Trainer changes anything, and ``_take`` after it cannot refuse."""
+    comes before the Trainer changes anything, and ``take`` after it cannot refuse."""
     if auditing is None or auditing is False:
         return None
     audit = Audit() if auditing is True else auditing

@@ -197,9 +197,9 @@ class Learning(Node):
         if carries(value):
             return value
         if self._audit is not None and self._piece == 0:
-            if self._audit._graph is None:
+            if not self._audit.watching:
                 self._audit.by_hand(self._audited_as, self._node)
-            self._audit._begin(self._audit._graph)
+            self._audit.begin()
         if isinstance(value, torch.Tensor):
             value = value.detach().requires_grad_(value.is_floating_point()
                                                   or value.is_complex())
@@ -242,7 +242,7 @@ class Learning(Node):
             self._piece += 1
             if self._piece >= self._pieces:
                 self._piece = 0
-                health += self._audit.observed(self._audit._graph, updated=ended)
+                health += self._audit.observed(updated=ended)
         if health:
             said[HEALTH] = health
         return said

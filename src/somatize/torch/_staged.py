@@ -1,9 +1,10 @@
 """A graph driven in stages, for a Trainer that trains some nodes where they run.
 
-The Trainer's graph is never touched. A private copy is rewired so that each trained
-node ``n`` sits between its trainer's two positions — ``p → n:in → n:computes → n``,
-the trainer keeping the id ``n`` so nobody below it changes — and cut into stages by
-the core's ``stages`` (on host and trained). Then one step is:
+The Trainer's graph is never touched. A private copy of its data form is rewired so
+that each trained node ``n`` sits between its trainer's two positions — ``p → (n, in)
+→ (n, computes) → n``, the two made ids ``generated`` so that no id of the user's can
+be one of them, the trainer keeping the id ``n`` so nobody below it changes — and cut
+into stages by the core's ``stages`` (on host and trained). Then one step is:
 
 - **forward**, stage by stage, through the ordinary walk (here, or on workers). A
   value handed from one stage to a later one becomes a fresh leaf, so each stage's
@@ -28,70 +29,98 @@ import torch
 
 from .._engine import execute
 from .._errors import CacheError, DeclarationError, NodeError
-from .._graph import Graph
+from .._graph import Graph, GraphData, assembled, generated
 from .._node import Opaque
 from .._plan import stages
-from ._learning import Learning, envelope, gradient
+from ._audit import Audit
+from ._learning import ASKING, HEALTH, LOADING, Learning, envelope, gradient
 
-__all__ = ["Staged", "rewired"]
+__all__ = ["StagedDriver", "rewired"]
+
+IN, COMPUTES = "in", "computes"
 
 
-def rewired(graph: Graph, trains: Mapping[str, Learning]) -> Graph:
-    """A copy of ``graph`` with each trained node between its trainer's two positions."""
-    private = Graph()
-    for n in graph.nodes():
-        impl = graph.implementation(n)
+class Positions:
+    """The three ids of one trained node ``n`` in the rewired graph: its trainer's
+    entering position, the node itself, and the trainer under ``n``'s own id."""
+
+    def __init__(self, node: str):
+        self.node = node
+        self.enters = generated(node, IN)
+        self.computes = generated(node, COMPUTES)
+        self.all = (self.enters, self.computes, node)
+
+
+def rewired(data: GraphData, trains: Mapping[str, Learning]) -> tuple[GraphData, dict[str, tuple[str, str]]]:
+    """``data`` with each trained node between its trainer's two positions, and where
+    each made id comes from: ``{made id: (user's node, role)}``.
+
+    Pure: the user's graph is read, never touched. The made ids are ``generated``, so
+    they cannot be any id of the user's.
+    """
+    ids: list[str] = []
+    impls: dict[str, Any] = {}
+    origin: dict[str, tuple[str, str]] = {}
+    of = {key: {} for key in ("devices", "hosts", "fingerprints", "cached", "frozen",
+                               "declarations")}
+    mapped: set[str] = set()
+
+    def copy(source: str, node_id: str, impl: Any, declared: bool) -> None:
+        ids.append(node_id)
+        impls[node_id] = impl
+        for key in ("devices", "hosts", "fingerprints"):  # where it runs, for all three
+            table = getattr(data, key)
+            if source in table:
+                of[key][node_id] = table[source]
+        if declared:  # what it is said to be, only where the user's object stands
+            for key in ("cached", "frozen"):
+                if source in getattr(data, key):
+                    of[key][node_id] = getattr(data, key)[source]
+            if source in data.mapped:
+                mapped.add(node_id)
+        if node_id == source and source in data.declarations:
+            of["declarations"][node_id] = data.declarations[source]
+
+    edges: list[tuple[str, str]] = []
+    for n in data.ids:
+        impl = data.impls[n]
         if n in trains:
+            at = Positions(n)
             enters, learning = trains[n].of(impl).beside()
-            _copy_node(private, graph, n, f"{n}:in", enters)
-            _copy_node(private, graph, n, f"{n}:computes", impl)
-            _copy_node(private, graph, n, n, learning)
+            copy(n, at.enters, enters, False)
+            copy(n, at.computes, impl, True)
+            copy(n, n, learning, True)
+            origin[at.enters], origin[at.computes] = (n, IN), (n, COMPUTES)
+            edges += [(at.enters, at.computes), (at.computes, n)]
         else:
-            _copy_node(private, graph, n, n, impl)
-    for n in trains:
-        private._connect(f"{n}:in", f"{n}:computes")
-        private._connect(f"{n}:computes", n)
-    for a, b in graph.edges():
-        private._connect(a, f"{b}:in" if b in trains else b)
-    return private
-
-
-def _copy_node(private: Graph, graph: Graph, source: str, node_id: str, impl: Any) -> None:
-    private._add(node_id, impl)
-    for mine, theirs in ((private._devices, graph._devices), (private._hosts, graph._hosts),
-                         (private._fingerprints, graph._fingerprints)):
-        if source in theirs:
-            mine[node_id] = theirs[source]
-    if node_id == source or node_id.endswith(":computes"):
-        for mine, theirs in ((private._cached, graph._cached), (private._frozen, graph._frozen),
-                             (private._mapped, graph._mapped)):
-            if source in theirs:
-                mine[node_id] = theirs[source]
-        if source in graph._declarations and node_id == source:
-            private._declarations[node_id] = graph._declarations[source]
+            copy(n, n, impl, True)
+    for a, b in data.edges:
+        edges.append((a, Positions(b).enters if b in trains else b))
+    return assembled(ids, impls, edges, mapped=mapped, **of), origin
 
 
 class Stage:
     """One stage, as the driver needs it."""
 
-    def __init__(self, private: Graph, nodes: list[str], trains: Mapping, leaves: set[str]):
+    def __init__(self, private: GraphData, nodes: list[str], trains: Mapping, leaves: set[str]):
         inside = set(nodes)
+        preds, succs = private.preds, private.succs
         self.nodes = nodes
-        self.outside = sorted({p for n in nodes for p in private._preds[n] if p not in inside})
-        self.wanted = [n for n in nodes if n in leaves
-                       or any(s not in inside for s in private._succs[n])]
+        self.outside = sorted({p for n in nodes for p in preds[n] if p not in inside})
+        self.wanted = [n for n in nodes if n in leaves or any(s not in inside for s in succs[n])]
         self.trainers = [n for n in nodes if n in trains]
-        self.trained = [m for n in self.trainers for m in (f"{n}:in", f"{n}:computes", n)]
-        self.entries = [(f"{n}:in", private._preds[f"{n}:in"][0]) for n in self.trainers
-                        if private._preds[f"{n}:in"] and private._preds[f"{n}:in"][0] not in inside]
+        self.trained = [m for n in self.trainers for m in Positions(n).all]
+        enters = {n: Positions(n).enters for n in self.trainers}
+        self.entries = [(enters[n], preds[enters[n]][0]) for n in self.trainers
+                        if preds[enters[n]] and preds[enters[n]][0] not in inside]
         self.back_given = [n for n in self.trainers if n in self.wanted]
-        self.reporting = [f"{n}:in" for n in self.trainers]  # every trainer's answer
+        self.reporting = [enters[n] for n in self.trainers]  # every trainer's answer
         trained = set(self.trained)
         self.untrained_here = [n for n in self.wanted
-                               if n not in trained and private._hosts.get(n) is None]
+                               if n not in trained and n not in private.hosts]
 
 
-class Staged:
+class StagedDriver:
     """Drives one Trainer's graph stage by stage; see the module's docstring."""
 
     def __init__(self, graph: Graph, trains: Mapping[str, Learning], *, broker: Any,
@@ -99,19 +128,20 @@ class Staged:
         self.trains = dict(trains)
         for learning in self.trains.values():
             learning.accumulating(steps_per_update)
-        self.private = rewired(graph, self.trains)
-        positions = {m for n in self.trains for m in (f"{n}:in", f"{n}:computes", n)}
-        grouped = stages(self.private, positions)
-        leaves = set(self.private.leaves())
+        data, self.origin = rewired(graph.data(), self.trains)
+        self.private = Graph.from_data(data)
+        positions = {m for n in self.trains for m in Positions(n).all}
+        grouped = stages(data, positions)
+        leaves = {n for n in data.ids if not data.succs[n]}
         self.leaves = graph.leaves()
-        self.stages = [Stage(self.private, nodes, self.trains, leaves) for nodes in grouped]
+        self.stages = [Stage(data, nodes, self.trains, leaves) for nodes in grouped]
         for k, stage in enumerate(self.stages[1:], start=1):
             for n in stage.nodes:
-                if n in self.private._cached:
+                if n in data.cached:
                     raise CacheError(
-                        f"node {n!r} is .cached() after a cut (stage {k}): the roots of a "
-                        "later stage are handed values, not the graph's input, so two "
-                        "different batches would be kept under one name; cache only in "
+                        f"node {self._user(n)!r} is .cached() after a cut (stage {k}): the "
+                        "roots of a later stage are handed values, not the graph's input, so "
+                        "two different batches would be kept under one name; cache only in "
                         "front of the first trained or remote node"
                     )
         self.through = {n for stage in self.stages for n in stage.untrained_here
@@ -121,25 +151,33 @@ class Staged:
         self._pass: Any = None
         self.health: list[dict[str, Any]] = []  # what trainers on workers measured
 
+    def _user(self, node: str) -> str:
+        """The user's id for an id of the rewired graph."""
+        return self.origin.get(node, (node, ""))[0]
+
+    def changed(self) -> None:
+        """The nodes' forwards were hooked or unhooked (an Audit): look at them again."""
+        self.private.changed()
+
     def told(self, watching: Any) -> Any:
         """``watching`` as the record should see this graph: the node a trainer stands
-        beside is the user's ``n``, not ``n:computes``, and the positions' own forward
+        beside is the user's ``n``, not its made ids, and the positions' own forward
         passes (a leaf made, an activation let go of) are not nodes of the user's."""
         if watching is None:
             return None
         watchers = list(watching) if isinstance(watching, (list, tuple)) else [watching]
-        trains = self.trains
+        trains, origin = self.trains, self.origin
 
         def tell(fact: dict) -> None:
             node = fact.get("node")
             if node is not None:
                 if node in trains and fact.get("fact") == "ran" and not fact.get("backward"):
                     return
-                base, colon, part = node.rpartition(":")
-                if colon and base in trains:
-                    if part == "in" and fact.get("fact") == "ran":
+                made = origin.get(node)
+                if made is not None:
+                    if made[1] == IN and fact.get("fact") == "ran":
                         return
-                    fact["node"] = base
+                    fact["node"] = made[0]
             for watcher in watchers:
                 watcher(fact)
         return tell
@@ -205,8 +243,6 @@ class Staged:
     def weights(self, node: str) -> dict[str, Any]:
         """The weights of a trained node as they are where it runs: asked of its
         trainer, walked back like a gradient, since that is the channel there is."""
-        from ._learning import ASKING
-
         answer = execute(self.private, nodes=[node], given={node: {ASKING: True}},
                          want=[node], transposed=True, broker=self.broker)
         return answer[node][ASKING]
@@ -215,8 +251,6 @@ class Staged:
         """Hands a trained node's weights to its trainer where it runs, the way
         ``weights`` asks for them. ``check_only`` has the trainer check every key, shape
         and dtype and copy nothing, so that a load across machines can be all or nothing."""
-        from ._learning import LOADING
-
         asked = {LOADING: {"node": node, "weights": dict(weights), "check": check_only}}
         try:
             execute(self.private, nodes=[node], given={node: asked}, want=[node],
@@ -238,9 +272,7 @@ class Staged:
     def _heard(self, answers: dict[str, Any]) -> None:
         """Keeps the health facts that came back beside the gradients, with the host
         of the trainer that measured them."""
-        from ._learning import HEALTH
-
-        hosts = self.private._hosts
+        hosts = self.private.hosts()
         for entry, answer in answers.items():
             host = hosts.get(entry)
             for fact in answer.get(HEALTH, ()) if type(answer) is dict else ():
@@ -249,10 +281,9 @@ class Staged:
     def audited(self, audit: Any, pieces: int) -> None:
         """Has each trainer on a worker measure its node like ``audit`` would here
         (the Audit there cannot hook what it cannot reach; the trainer sees it all)."""
-        from ._audit import Audit
-
+        hosts = self.private.hosts()
         for node, learning in self.trains.items():
-            if node in self.private._hosts:
+            if node in hosts:
                 learning.audited(Audit(every=audit.every, snapshot=audit.snapshot,
                                        channels=audit.channels, window=audit.window),
                                  node, pieces)

@@ -28,9 +28,13 @@ import torch
 
 from .._engine import execute
 from .._errors import CacheError, DeclarationError, NodeError, NoGradient, OutOfStep
-from .._graph import Graph
+from .._graph import Graph, describe
 from .._node import Opaque
+from .._remember import changing_above, open_store
+from .._slices import backend_of
 from ._audit import audit_for
+from ._learning import Learning
+from ._staged import StagedDriver
 from ._weights import Weights, checked_weights, copy_weights, freeze, has_parameters, held, snapshot
 
 __all__ = ["Result", "Trainer"]
@@ -96,17 +100,13 @@ class Trainer:
         self._unheld = _check_optimizer(graph, optimizer, frozen,
                                         elsewhere=set(trains) | set(graph.hosts()))
         if store is not None:
-            from .._remember import open_store
-
             store = open_store(store)
         audit = audit_for(graph, auditing, self._watchers)  # checked here, hooked last
         freeze(graph)
         self._broker = broker
         self._staged = None
         if trains:  # driven in stages only when something is trained where it runs
-            from ._staged import Staged
-
-            self._staged = Staged(graph, trains, broker=broker, store=store,
+            self._staged = StagedDriver(graph, trains, broker=broker, store=store,
                                   steps_per_update=self._every * self._micro)
             self._told = self._staged.told(self._watching)
         self._since = 0
@@ -122,7 +122,7 @@ class Trainer:
         if audit is not None and self._staged is not None:
             self._staged.audited(audit, self._micro)
         if audit is not None:  # off again by close(), or when this Trainer is collected
-            audit._take(graph)
+            audit.take(graph)
             self._unhook = weakref.finalize(self, audit.release)
 
     def __repr__(self) -> str:
@@ -137,14 +137,10 @@ class Trainer:
         pieces = _pieces(batch, self._micro)
         if not self._described and self._watchers:
             self._described = True  # said once, before the first forward: it lands in it
-            from .._described import describe
-
-            self._emit({"fact": "graph", "graph": describe(self._graph)})
-        if self._audit is not None:
-            watched = self._audit._graph is not None
-            self._audit._begin(self._graph)
-            if self._staged is not None and not watched:  # hooks back on after close()
-                self._staged.private._changed()
+            self._emit({"fact": "graph", "graph": describe(self._graph.data())})
+        if self._audit is not None and self._audit.begin(self._graph):
+            if self._staged is not None:  # hooks back on after close(): look again
+                self._staged.changed()
         if self._taken == 0:
             self._open()
         losses = []
@@ -356,9 +352,7 @@ def _broker(broker: Any, workers: Any) -> Any:
     if not isinstance(workers, Mapping):
         raise TypeError(f"workers= maps host names to Workers, {{'gpu': Worker.at('node3:7000')}}, "
                         f"not a {type(workers).__qualname__}")
-    from ..wire import Broker
-
-    return Broker.embedded(dict(workers))
+    return backend_of(dict(workers))
 
 
 def _check_trains(graph: Graph, trains: Any, optimizer: Any,
@@ -366,8 +360,6 @@ def _check_trains(graph: Graph, trains: Any, optimizer: Any,
     """What ``trains=`` says, refused where it would make a run wrong without failing."""
     if not trains:
         return {}
-    from ._learning import Learning
-
     if not isinstance(trains, Mapping):
         raise TypeError("trains= maps node ids to what trains them: {'body': Split(SGD, lr=0.1)}")
     holds = set() if optimizer is None else {
@@ -429,18 +421,15 @@ def _watchers(watching: Any) -> list[Callable[[dict], None]]:
 
 def _check_caches(graph: Graph, frozen: set[str]) -> None:
     """A kept output over something still training would be recalled after it changed."""
-    for node_id in graph.cached():
-        above = [node_id]
-        for n in above:
-            above += [p for p in graph.predecessors(n) if p not in above]
-        for n in above:
-            if n not in frozen and has_parameters(graph.implementation(n), n):
-                where = "is itself" if n == node_id else "is above it and"
-                raise CacheError(
-                    f"node {node_id!r} is .cached() but {n!r} {where} has parameters and is "
-                    "not frozen, so training would change what was kept without the key "
-                    f"changing; declare {n!r} .frozen() (or freeze(g, {n!r})), or drop .cached()"
-                )
+    changing = changing_above(graph.data(), frozen, has_parameters)
+    if changing is not None:
+        node_id, n = changing
+        where = "is itself" if n == node_id else "is above it and"
+        raise CacheError(
+            f"node {node_id!r} is .cached() but {n!r} {where} has parameters and is "
+            "not frozen, so training would change what was kept without the key "
+            f"changing; declare {n!r} .frozen() (or freeze(g, {n!r})), or drop .cached()"
+        )
 
 
 def _check_optimizer(graph: Graph, optimizer: Any, frozen: set[str],

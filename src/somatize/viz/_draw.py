@@ -46,7 +46,7 @@ def _go() -> Any:
 
 # -- what was asked ---------------------------------------------------------------------
 def _no_node(graph: Any, what: str, where: Any) -> DeclarationError:
-    known = ", ".join(repr(n) for n in list(graph.nodes())[:20]) or "none"
+    known = ", ".join(repr(n) for n in graph.ids[:20]) or "none"
     return DeclarationError(f"{what} names {where!r}, which is not a node of this graph; "
                             f"its nodes are {known}")
 
@@ -58,7 +58,7 @@ def read_overlay(graph: Any, overlay: Any) -> tuple[dict[str, list[str]], dict[s
     if not isinstance(overlay, Mapping):
         raise TypeError(f"overlay is a dict {{node: [flag, ...]}}, not a {type(overlay).__qualname__}")
     nodes, parts = {}, {}
-    known = set(graph.nodes())
+    known = set(graph.ids)
     for where, said in overlay.items():
         if not isinstance(where, str):
             raise TypeError(f"overlay keys are node ids (str), not {where!r}")
@@ -82,7 +82,7 @@ def read_inside(graph: Any, inside: Any) -> dict[str, list[tuple[str, Mapping[st
         return {}
     if not isinstance(inside, Mapping):
         raise TypeError(f"inside is a dict {{node: [(path, what), ...]}}, not a {type(inside).__qualname__}")
-    known = set(graph.nodes())
+    known = set(graph.ids)
     opened = {}
     for node, listed in inside.items():
         if node not in known:
@@ -123,10 +123,10 @@ class _Declared:
 
     def __init__(self, graph: Any):
         self.graph = graph
-        self.identities = graph.identities()
-        self.devices, self.hosts = graph.devices(), graph.hosts()
-        self.cached, self.frozen = graph.cached(), graph.frozen()
-        self.mapped = set(graph.mapped_nodes())
+        self.identities = {n: graph.identity(n) for n in graph.ids}
+        self.devices, self.hosts = graph.devices, graph.hosts
+        self.cached, self.frozen = graph.cached, graph.frozen
+        self.mapped = graph.mapped
 
 
 def _describe(declared: _Declared, node: str, flags: list[str], opened: bool) -> _Said:
@@ -167,7 +167,7 @@ def _hover(declared: _Declared, node: str, flags: list[str], opened: bool) -> li
         hover.append("frozen" + (f" at {_escape(state[:23])}…" if state else ""))
     if node in declared.mapped:
         hover.append("mapped over the items of its input")
-    before, after = declared.graph.predecessors(node), declared.graph.successors(node)
+    before, after = declared.graph.preds[node], declared.graph.succs[node]
     hover.append("from " + (", ".join(map(_escape, before)) if before else "the input")
                  + " → to " + (", ".join(map(_escape, after)) if after else "the output"))
     for flag in dict.fromkeys(flags):
@@ -211,15 +211,18 @@ def host_colours(places: Iterable[str | None]) -> dict[str | None, str]:
 
 
 def figure(graph: Any, overlay: Any = None, inside: Any = None) -> Any:
-    """The graph as a plotly figure: one box per node in columns by level, lanes by
+    """A graph's data form (``Graph.data()``) as a plotly figure: one box per node in columns by level, lanes by
     host, edges with arrowheads; ``overlay`` flags nodes (red, said on hover) and
-    ``inside`` opens nodes into their parts. Unknown nodes in either are refused."""
+    ``inside`` opens nodes into their parts. Unknown nodes in either are refused.
+    A Graph is drawn through its data form."""
+    if callable(getattr(graph, "data", None)):
+        graph = graph.data()
     flags, part_flags = read_overlay(graph, overlay)
     opened = read_inside(graph, inside)
     graph_objects = _go()
-    order = graph.topological_sort()
-    preds = {n: graph.predecessors(n) for n in order}
-    hosts = graph.hosts()
+    order = list(graph.order)
+    preds = {n: list(graph.preds[n]) for n in order}
+    hosts = graph.hosts
     declared = _Declared(graph)
     said = {n: _describe(declared, n, flags.get(n, []), n in opened) for n in order}
     parts = {n: [_part(n, path, what, part_flags.get(n, {}).get(path, []))

@@ -8,35 +8,35 @@ one connection. A host nobody listed is not an error until a slice needs it.
 
 from __future__ import annotations
 
-import re
 import weakref
 from typing import Any
 
-from .._engine import LostValue, program
+from .._dsl import is_host_name
 from .._errors import DeclarationError, Lost, UnwritableError, WireError
+from .._slices import Backend, Outcome, Slice, listing
+from .._walk import LostValue
 from .catalog import catalog_id, pack_values, runtime_of
-from .client import Outcome, Staged
+from .client import Staged
 from .declare import Worker
 
 __all__ = ["Broker"]
 
-_HOST = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
-
-# Per compiled graph (thrown away when the graph changes): each wire's catalog, packed
-# once. Re-pickling on every forward would cost a model's weights each time, and
-# bytes that differed by accident would replace a worker's live state.
+# Per data form of a graph (thrown away when the graph changes): each wire's catalog,
+# packed once. Re-pickling on every forward would cost a model's weights each time,
+# and bytes that differed by accident would replace a worker's live state.
 _packed: weakref.WeakKeyDictionary[Any, dict[Any, Staged]] = weakref.WeakKeyDictionary()
 _last: tuple[tuple, Broker] | None = None
 
 
-class Broker:
-    """Where the hosts of a graph are: ``{host: Worker}``, resolved in this process."""
+class Broker(Backend):
+    """Where the hosts of a graph are: ``{host: Worker}``, resolved in this process.
+    The walk's way to them: a ``Backend`` whose slices go over each host's wire."""
 
     def __init__(self, listing: dict[str, Worker]):
         if not isinstance(listing, dict):
             raise DeclarationError(f"a broker takes {{host: Worker}}, not a {type(listing).__qualname__}")
         for host, worker in listing.items():
-            if not isinstance(host, str) or not _HOST.match(host):
+            if not is_host_name(host):
                 raise DeclarationError(f"{host!r} is not a host name (letters, digits, '.', '_', '-')")
             if not isinstance(worker, Worker):
                 raise DeclarationError(
@@ -100,57 +100,53 @@ class Broker:
         worker = self._wires.get(host)
         return worker if worker is not None else self.packing_for(host)
 
-    # -- the engine's side ------------------------------------------------------------
-    def _provision_graph(self, graph: Any) -> None:
+    # -- the walk's side --------------------------------------------------------------
+    def prepare(self, data: Any) -> None:
         """Stages the whole graph's catalog on every wire it uses: one per wire, with
         the nodes of all its hosts. Hosts nobody listed are left to fail when needed."""
-        prog = program(graph)
-        stagings = self._provisioned.get(prog)
-        if stagings is None:  # once per version of the graph, for this broker
-            stagings = self._provisioned[prog] = self._stagings(graph, prog)
+        stagings = self._provisioned.get(data)
+        if stagings is None:  # once per data form of the graph, for this broker
+            stagings = self._provisioned[data] = self._stagings(data)
         for worker, staged in stagings:
             if worker._link.staged is not staged:
                 worker._link.stage(staged)
 
-    def _stagings(self, graph: Any, prog: Any) -> list[tuple[Worker, Staged]]:
+    def _stagings(self, data: Any) -> list[tuple[Worker, Staged]]:
         wires: dict[bytes, list[str]] = {}
-        for host in dict.fromkeys(graph._hosts.values()):
+        for host in dict.fromkeys(data.hosts.values()):
             token = self.token_for(host)
             if token is not None:
                 wires.setdefault(token, []).append(host)
-        cache = _packed.setdefault(prog, {})
+        cache = _packed.setdefault(data, {})
         stagings = []
         for token, hosts in wires.items():
             worker = self._wire_of(hosts[0])
             key = (token, worker.mode, worker.send, frozenset(hosts))
             staged = cache.get(key)
             if staged is None:
-                staged = cache[key] = self._pack(graph, worker, set(hosts))
+                staged = cache[key] = self._pack(data, worker, set(hosts))
             stagings.append((worker, staged))
         return stagings
 
     @staticmethod
-    def _pack(graph: Any, worker: Worker, hosts: set[str]) -> Staged:
-        here = {n for n, h in graph._hosts.items() if h in hosts}
-        kind, blob_id, blob = worker.packed({n: graph._impl[n] for n in graph.nodes() if n in here})
-        runtime = runtime_of(graph, here)
+    def _pack(data: Any, worker: Worker, hosts: set[str]) -> Staged:
+        here = {n for n, h in data.hosts.items() if h in hosts}
+        kind, blob_id, blob = worker.packed({n: data.impls[n] for n in data.ids if n in here})
+        runtime = runtime_of(data, here)
         return Staged(catalog_id(kind, blob_id, runtime), kind, blob_id, blob, runtime)
 
-    def _run_slice(self, host: str, graph: Any, nodes: list[str], *, given: dict[str, Any],
-                   input: Any, needs_input: bool, wanted: list[str], watching: bool,
-                   stamping: Any = None, forward: str | None = None,
-                   transposed: bool = False) -> Outcome:
-        """Runs ``nodes`` on ``host`` in one round trip; see ``_engine._meanwhile``.
-        ``transposed`` walks them against their edges there (see ``_transpose``)."""
+    def run(self, piece: Slice) -> Outcome:
+        """Runs one slice on its host in one round trip."""
+        host, data = piece.host, piece.data
         worker = self._wire_of(host)
         if worker._link.staged is None:
-            self._provision_graph(graph)
+            self.prepare(data)
         values: dict[str, Any] = {}
         refs: list[str] = []
-        for pred, value in given.items():
+        for pred, value in piece.given.items():
             if type(value) is LostValue:
                 if self.token_for(value.host) != worker._wire:
-                    raise self._stranded(graph, pred, value, nodes, host)
+                    raise self._stranded(data, pred, value, piece.nodes, host)
                 refs.append(pred)
             else:
                 values[pred] = value
@@ -158,22 +154,22 @@ class Broker:
         trees, refused = pack_values(values, buffers)
         if refused:
             pred, why = next(iter(refused.items()))
-            readers = [n for n in nodes if pred in graph._preds[n]]
+            readers = [n for n in piece.nodes if pred in data.preds[n]]
             raise UnwritableError(
                 f"the output of node {pred!r} cannot travel to host {host!r}, where "
                 f"{', '.join(map(repr, readers))} read{'s' if len(readers) == 1 else ''} it: {why}")
         tree: dict[str, Any] = {"g": trees}
-        if needs_input:
-            packed, refused = pack_values({"i": input}, buffers)
+        if piece.needs_input:
+            packed, refused = pack_values({"i": piece.input}, buffers)
             if refused:
                 raise UnwritableError(f"the input cannot travel to host {host!r}: {refused['i']}")
             tree.update(packed)
-        return worker._link.run(host, nodes, tree, buffers, refs, wanted, watching, forward,
-                                transposed)
+        return worker._link.run(host, list(piece.nodes), tree, buffers, refs, list(piece.wanted),
+                                piece.watching, piece.forward, piece.transposed)
 
     @staticmethod
-    def _stranded(graph: Any, pred: str, value: LostValue, nodes: list[str], host: str) -> Lost:
-        readers = [n for n in nodes if pred in graph._preds[n]]
+    def _stranded(data: Any, pred: str, value: LostValue, nodes: Any, host: str) -> Lost:
+        readers = [n for n in nodes if pred in data.preds[n]]
         return Lost(
             f"node {readers[0] if readers else nodes[0]!r} on host {host!r} reads the output "
             f"of {pred!r}, which stayed on host {value.host!r}: {value.why}. Place them on "
@@ -182,3 +178,6 @@ class Broker:
 
     def __repr__(self) -> str:
         return f"Broker({self._listing!r})"
+
+
+listing(Worker, Broker.embedded)  # forward(broker={"gpu": Worker.at(...)}) means this

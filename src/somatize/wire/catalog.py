@@ -1,13 +1,14 @@
 """What a worker is provisioned with, and how values cross in both directions.
 
 A catalog is the nodes a wire runs (pickled as one object, so two positions of one
-trainer stay one object over there) plus the topology the walk needs: every id, every
-edge in the order it was said (so fan-in maps are keyed and ordered as here), devices
-and mapped nodes. Nodes that run elsewhere are placeholders that refuse to run.
+trainer stay one object over there) plus the graph's own description (``describe``:
+every id, every edge in the order it was said, so fan-in maps are keyed and ordered as
+here, and every declaration), with the hosts of the nodes that run elsewhere. The
+worker rebuilds the graph from it with ``undescribed``; nodes that run elsewhere are
+placeholders that refuse to run.
 
-Values cross as ``_codec`` trees plus raw buffers. The reverse is done here rather
-than by ``_codec.unpack`` so a received buffer is handed to a codec as it is, without
-the copy into ``bytes`` a store needs.
+Values cross as ``_codec`` trees plus raw buffers, read back by ``_codec.unpack``,
+which hands a received buffer to its codec as it is.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ import pickle
 import threading
 from typing import Any
 
-from .._codec import BYTES, OPAQUE, TUPLE, _pack, loader
+from .._codec import codec_modules, pack_into, unpack
 from .._errors import DeclarationError, ProtocolError, UnwritableError
-from .._graph import Graph
+from .._graph import GraphData, describe, undescribed
 
 __all__ = ["Elsewhere", "build", "catalog_id", "pack_nodes", "pack_values", "runtime_of",
            "unpack_values"]
@@ -95,15 +96,12 @@ def _unpicklable(nodes: dict[str, Any], exc: Exception) -> UnwritableError:
     return UnwritableError(f"the nodes cannot be sent to a worker: {type(exc).__name__}: {exc}")
 
 
-def runtime_of(graph: Graph, here: set[str]) -> dict[str, Any]:
-    """The topology a worker needs to run slices of this graph, as plain data."""
-    return {
-        "ids": graph.nodes(),
-        "edges": [list(edge) for edge in graph.edges()],
-        "devices": graph.devices(),
-        "mapped": graph.mapped_nodes(),
-        "elsewhere": {n: graph._hosts.get(n, "") for n in graph.nodes() if n not in here},
-    }
+def runtime_of(data: GraphData, here: set[str]) -> dict[str, Any]:
+    """What a worker needs besides the nodes: the graph's description, and where each
+    node it does not hold runs (``""`` for the client)."""
+    return {**describe(data),
+            "elsewhere": {n: data.hosts.get(n, "") for n in data.ids if n not in here},
+            "codecs": codec_modules()}
 
 
 def catalog_id(kind: str, blob_id: str, runtime: dict[str, Any]) -> str:
@@ -127,57 +125,45 @@ class Elsewhere:
         )
 
 
-def build(kind: str, blob: Any, runtime: Any) -> Graph:
+def build(kind: str, blob: Any, runtime: Any) -> GraphData:
     """The worker's graph: the nodes unpickled, the rest placeholders.
 
     Called only on an authenticated connection, with a sealed blob.
     """
-    _check_runtime(runtime)
+    elsewhere = runtime.get("elsewhere") if type(runtime) is dict else None
+    if type(elsewhere) is not dict or not all(
+            type(k) is str and type(v) is str for k, v in elsewhere.items()):
+        raise ProtocolError("a catalog whose topology is malformed: elsewhere")
     if kind == "cloudpickle":
         import cloudpickle  # noqa: F401  (its functions are what the pickle calls)
     elif kind != "pickle":
         raise ProtocolError(f"a catalog packed as {kind!r}; this worker knows 'pickle' and 'cloudpickle'")
+    _register_codecs(runtime.get("codecs", []))
     nodes = pickle.loads(blob)
     if type(nodes) is not dict:
         raise ProtocolError(f"a catalog whose nodes are a {type(nodes).__name__}, not a dict")
-    graph = Graph()
-    elsewhere = runtime["elsewhere"]
-    for node_id in runtime["ids"]:
-        if node_id in nodes:
-            impl = nodes[node_id]
-        else:
-            impl = Elsewhere(node_id, elsewhere.get(node_id, ""))
-        graph._impl[node_id] = impl
-        graph._preds[node_id] = []
-        graph._succs[node_id] = []
-    for source, target in runtime["edges"]:
-        graph._connect(source, target)
-    graph._devices.update(runtime["devices"])
-    graph._mapped.update(dict.fromkeys(runtime["mapped"]))
-    return graph
+
+    def held(node: str, identity: str) -> Any:
+        return nodes[node] if node in nodes else Elsewhere(node, elsewhere.get(node, ""))
+
+    try:
+        return undescribed(runtime, held)
+    except ValueError as exc:
+        raise ProtocolError(f"a catalog whose topology is malformed: {exc}") from None
 
 
-def _check_runtime(runtime: Any) -> None:
-    def bad(what: str) -> ProtocolError:
-        return ProtocolError(f"a catalog whose topology is malformed: {what}")
-
-    if type(runtime) is not dict:
-        raise bad("not a map")
-    ids = runtime.get("ids")
-    if type(ids) is not list or not all(type(n) is str for n in ids) or len(set(ids)) != len(ids):
-        raise bad("ids")
-    known = set(ids)
-    edges = runtime.get("edges")
-    if type(edges) is not list or not all(
-            type(e) is list and len(e) == 2 and e[0] in known and e[1] in known for e in edges):
-        raise bad("edges")
-    for key in ("devices", "elsewhere"):
-        table = runtime.get(key)
-        if type(table) is not dict or not all(k in known and type(v) is str for k, v in table.items()):
-            raise bad(key)
-    mapped = runtime.get("mapped")
-    if type(mapped) is not list or not all(n in known for n in mapped):
-        raise bad("mapped")
+def _register_codecs(modules: Any) -> None:
+    """Imports the modules that registered the client's codecs, so that what it sends
+    (a tensor to a worker holding no torch node, say) is read back here the same way.
+    A module this worker cannot import leaves its kind unknown, which is said by name
+    when a value of it arrives."""
+    if type(modules) is not list or not all(type(m) is str for m in modules):
+        raise ProtocolError("a catalog whose codecs are malformed")
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            continue
 
 
 # -- values -------------------------------------------------------------------------
@@ -191,58 +177,17 @@ def pack_values(values: dict[str, Any], buffers: list[Any]) -> tuple[dict[str, A
     for name, value in values.items():
         mark = len(buffers)
         try:
-            trees[name] = _pack(value, buffers)
+            trees[name] = pack_into(value, buffers)
         except UnwritableError as exc:
             del buffers[mark:]
             refused[name] = str(exc)
     return trees, refused
 
 
-def pack_one(value: Any, buffers: list[Any]) -> Any:
-    return _pack(value, buffers)
-
-
 def unpack_values(tree: Any, buffers: list[Any]) -> Any:
-    """A value alive again from a tree and the buffers as received."""
-    cls = type(tree)
-    if cls is dict:
-        if OPAQUE in tree:
-            return _load(tree, buffers)
-        if BYTES in tree:
-            return bytes(_buffer(buffers, tree[BYTES]))
-        if TUPLE in tree:
-            return tuple(unpack_values(item, buffers) for item in tree[TUPLE])
-        return {key: unpack_values(item, buffers) for key, item in tree.items()}
-    if cls is list:
-        return [unpack_values(item, buffers) for item in tree]
-    return tree
-
-
-def _load(tree: dict[str, Any], buffers: list[Any]) -> Any:
-    kind = tree[OPAQUE]
+    """A value alive again from a tree and the buffers as received; a tree that points
+    at a buffer that is not there is a ProtocolError."""
     try:
-        load = loader(kind)
-    except UnwritableError:
-        if not (isinstance(kind, str) and kind.startswith("torch.")):
-            raise
-        # A worker holding no torch node still passes tensors on: the codec is ours.
-        try:
-            import somatize.torch  # noqa: F401
-        except ImportError:
-            raise UnwritableError(
-                f"a value was sent as {kind!r} and torch is not installed here; install "
-                "somatize[torch] where it runs") from None
-        load = loader(kind)
-    buffer = _buffer(buffers, tree.get("buffer"))
-    try:
-        return load(buffer)
-    except TypeError:
-        if type(buffer) is bytes:
-            raise
-        return load(bytes(buffer))  # a codec that insists on bytes gets bytes
-
-
-def _buffer(buffers: list[Any], at: Any) -> Any:
-    if type(at) is not int or not 0 <= at < len(buffers):
-        raise ProtocolError(f"a value that points at buffer {at!r} of {len(buffers)}")
-    return buffers[at]
+        return unpack(tree, buffers)
+    except IndexError:
+        raise ProtocolError(f"a value that points at a buffer out of the {len(buffers)} sent") from None

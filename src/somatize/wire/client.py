@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import _errors
+from .._slices import Outcome
 from .._errors import Lost, NodeError, ProtocolError, Silent, Unauthorised, UnwritableError, WireError
 from .catalog import unpack_values
 from .channel import Channel, Closed
@@ -35,15 +36,6 @@ class Staged:
     blob_id: str
     blob: bytes
     runtime: dict[str, Any]
-
-
-class Outcome:
-    """What came back from a slice: values by node, what could not travel and why, facts."""
-
-    __slots__ = ("facts", "lost", "values")
-
-    def __init__(self, values: dict[str, Any], lost: dict[str, str], facts: list[dict]):
-        self.values, self.lost, self.facts = values, lost, facts
 
 
 # What a worker's refusal is called there, and what it becomes here.

@@ -22,7 +22,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from .._engine import execute
+from .._engine import run_slice
+from .._slices import Slice
 from .._errors import NodeError, ProtocolError, SomaError
 from .._node import Opaque
 from .catalog import build, catalog_id, pack_values, unpack_values
@@ -144,7 +145,7 @@ class Server:
                 return
             previous = self.catalog
             self.catalog = (ident, graph)
-        held = [n for n, impl in graph._impl.items() if type(impl).__name__ != "Elsewhere"]
+        held = [n for n, impl in graph.impls.items() if type(impl).__name__ != "Elsewhere"]
         if previous is None:
             say("catalog %s holds %s", _short(ident), ", ".join(held))
         else:
@@ -357,9 +358,9 @@ class Connection:
         began = time.perf_counter()
         self.busy_since = time.monotonic()
         try:
-            out = execute(graph, input, nodes=nodes, given=given, want=wanted, here=True,
-                          watching=facts.append if watching else None,
-                          **({"transposed": True} if transposed else {}))
+            out = run_slice(graph, Slice("", graph, tuple(nodes), given=given, input=input,
+                                         wanted=tuple(wanted), watching=watching,
+                                         transposed=transposed), facts)
         except Exception as exc:  # the one boundary where a slice's failure is translated
             self.busy_since = None
             say("%s: slice %s failed after %.1f ms: %s", self.name, nodes,

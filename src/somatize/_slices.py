@@ -1,0 +1,152 @@
+"""Slices of a graph that run somewhere else, as the walk sees them.
+
+The walk never learns what a worker, a socket or a cluster is. A stretch of nodes on
+another host is a ``Slice`` (plain data: which nodes, what they are handed, what is
+wanted back), and whoever can run it there is a ``Backend``: a small interface with
+``prepare`` (tell every host what it will need, before the first node runs), ``run``
+(one slice, answered by an ``Outcome``) and ``submit`` (start one now, read its answer
+later, the way dask's scheduler is handed its ``submit``). The wire's Broker is one
+backend; a cluster engine is another; the walk takes whichever it is handed.
+
+The other half, a slice run by the host it was sent to, is the walk's own
+(``_engine.run_slice``), shared by every transport.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Backend", "Outcome", "Slice", "backend_of", "fan_out", "listing"]
+
+
+@dataclass(frozen=True)
+class Slice:
+    """One stretch of a graph for one host.
+
+    ``given`` holds the values of predecessors outside the slice (a ``LostValue`` where
+    one stayed on a host: the backend resolves it there, or raises ``Lost``);
+    ``input`` is the graph's input, sent only if ``needs_input``; ``wanted`` the outputs
+    read outside it; ``forward`` ties the slices of one forward together (so what a
+    host kept for it can be referred to); ``transposed`` walks the nodes against their
+    edges (a stage's backward).
+    """
+
+    host: str
+    data: Any  # the GraphData the slice is part of
+    nodes: tuple[str, ...]
+    given: Mapping[str, Any] = field(default_factory=dict)
+    input: Any = None
+    needs_input: bool = False
+    wanted: tuple[str, ...] = ()
+    watching: bool = False
+    stamping: Mapping[str, Any] | None = None
+    forward: str | None = None
+    transposed: bool = False
+
+
+class Outcome:
+    """What came back from a slice: values by node, what could not travel and why
+    (node -> reason), and the facts seen there (with ``host`` set)."""
+
+    __slots__ = ("facts", "lost", "values")
+
+    def __init__(self, values: dict[str, Any], lost: dict[str, str], facts: list[dict]):
+        self.values, self.lost, self.facts = values, lost, facts
+
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _shared_pool() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="somatize-slice")
+        return _pool
+
+
+class Backend:
+    """Runs slices of a graph on the hosts it knows. Subclass it; override ``run``, and
+    ``prepare`` and ``submit`` where the transport can do better than the defaults."""
+
+    def prepare(self, data: Any) -> None:
+        """Tells every host of a graph (its data form) what it will need, before the
+        first node runs: the whole graph's share of each host, never half of it."""
+        return None
+
+    def run(self, piece: Slice) -> Outcome:
+        """Runs one slice on its host and answers what came back."""
+        raise NotImplementedError
+
+    def submit(self, piece: Slice) -> Future:
+        """Starts one slice and answers a Future of its Outcome. By default on a thread
+        of a shared pool; a transport that can send now and read later overrides it."""
+        return _shared_pool().submit(self.run, piece)
+
+
+def fan_out(backend: Backend, pieces: list[Slice],
+            meanwhile: Callable[[], None] | None = None) -> list[tuple[Outcome | None, Exception | None]]:
+    """Every slice sent, ``meanwhile`` run here while they are out, every answer read:
+    ``(outcome, None)`` or ``(None, error)`` per slice, in order, so a caller can tell
+    what the others saw before raising the first error."""
+    if len(pieces) == 1 and meanwhile is None:  # the common case: nothing to overlap
+        try:
+            return [(backend.run(pieces[0]), None)]
+        except Exception as exc:
+            return [(None, exc)]
+    futures = [backend.submit(piece) for piece in pieces]
+    if meanwhile is not None:
+        try:
+            meanwhile()
+        finally:
+            settled = [_settled(f) for f in futures]
+    else:
+        settled = [_settled(f) for f in futures]
+    return settled
+
+
+def _settled(future: Future) -> tuple[Outcome | None, Exception | None]:
+    try:
+        return future.result(), None
+    except Exception as exc:
+        return None, exc
+
+
+# -- a {host: Worker} map stands for a backend --------------------------------------------
+_listings: dict[type, Callable[[dict], Backend]] = {}
+
+
+def listing(kind: type, make: Callable[[dict], Backend]) -> None:
+    """Says that ``{host: kind}`` maps stand for the backend ``make(map)`` answers, so
+    ``forward(broker={"gpu": Worker.at(...)})`` works; registered by the transport."""
+    _listings[kind] = make
+
+
+def backend_of(broker: Any) -> Backend | None:
+    """The backend a caller handed in: one, or a ``{host: worker}`` map of a kind a
+    transport registered."""
+    if broker is None or isinstance(broker, Backend):
+        return broker
+    if isinstance(broker, dict):
+        kinds = {type(worker) for worker in broker.values()}
+        makers = {_maker(kind) for kind in kinds}
+        if len(makers) == 1 and None not in makers:
+            return makers.pop()(broker)
+        named = ", ".join(sorted(kind.__qualname__ for kind in kinds)) or "nothing"
+        raise TypeError(f"broker= maps hosts to {named}; map each host to a Worker "
+                        "(Worker.at('HOST:PORT')), or pass a Broker")
+    if callable(getattr(broker, "run", None)) and callable(getattr(broker, "prepare", None)):
+        return broker
+    raise TypeError(f"broker= takes a Broker or {{host: Worker}}, not a {type(broker).__qualname__}")
+
+
+def _maker(kind: type) -> Callable[[dict], Backend] | None:
+    for base in kind.__mro__:
+        if base in _listings:
+            return _listings[base]
+    return None
