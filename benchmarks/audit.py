@@ -24,7 +24,6 @@ fixed cost per measured step, which no net is small enough to hide.
 from __future__ import annotations
 
 import statistics
-import time
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +31,8 @@ import torch.nn.functional as F
 from somatize import Graph, Node, Opaque
 from somatize.torch import Trainer, parameters
 from somatize.torch._audit import Audit
+
+from _bench import block, steps_per_second
 
 BLOCKS = 15
 COCKPIT = {"every step": 1.5, "every 16": 1.0}
@@ -88,34 +89,15 @@ def case(inputs: int, width: int, outputs: int, rows: int) -> dict[str, tuple[fl
         return step
 
     steps = {name: stepper(name) for name in made}
-    per_block = max(32, 32 * int(0.25 / (_once(steps["unaudited"], data) * 32) + 1))
+    per_block = max(32, 32 * int(0.25 / (steps_per_second(steps["unaudited"], data) * 32) + 1))
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in steps}
     names = list(steps)
-    for block in range(BLOCKS):
-        order = names[block % len(names):] + names[:block % len(names)]
+    for round_ in range(BLOCKS):
+        order = names[round_ % len(names):] + names[:round_ % len(names)]
         for name in order:
-            times[name].append(_block(steps[name], data, per_block))
+            times[name].append(block(steps[name], data, per_block))
     return {name: (statistics.median(w for w, _ in ts), statistics.median(c for _, c in ts))
             for name, ts in times.items()}
-
-
-def _once(step, data) -> float:
-    for batch in data[:4]:
-        step(batch)
-    start = time.perf_counter()
-    for batch in data:
-        step(batch)
-    return (time.perf_counter() - start) / len(data)
-
-
-def _block(step, data, steps: int) -> tuple[float, float]:
-    """Seconds per step, by the wall clock and by this thread's CPU time, over a whole
-    number of 16-step cadences, so every block of the every-16 contender holds its
-    share of measured steps."""
-    start, cpu = time.perf_counter(), time.thread_time()
-    for i in range(steps):
-        step(data[i % len(data)])
-    return (time.perf_counter() - start) / steps, (time.thread_time() - cpu) / steps
 
 
 def main() -> None:

@@ -14,6 +14,8 @@ import time
 
 from somatize import Ctx, Graph, Node
 
+from _bench import best
+
 N = 500
 REPEAT = 200
 
@@ -26,18 +28,6 @@ class Step(Node):
 class Join(Node):
     def forward(self, x, ctx):
         return len(x)
-
-
-def best(fn, repeat=REPEAT):
-    """The best per-call time of ``fn`` over ``repeat`` calls, in seconds."""
-    fn()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    times.sort()
-    return times[len(times) // 10]  # the 10th percentile: steady, not lucky
 
 
 def chain():
@@ -93,16 +83,16 @@ def main() -> None:
         g, plain, dsk, out = make()
         assert g.forward(1) == plain()
         facts = []
-        t_plain = best(plain) / N * 1e6
-        t_walk = best(lambda: g.forward(1)) / N * 1e6
+        t_plain = best(plain, REPEAT, 0.1) / N * 1e6
+        t_walk = best(lambda: g.forward(1), REPEAT, 0.1) / N * 1e6
 
         def watched():
             facts.clear()
             g.forward(1, watching=facts.append)
 
-        t_watch = best(watched) / N * 1e6
-        t_dask = best(lambda: dask.core.get(dsk, out), 50) / N * 1e6
-        t_sync = best(lambda: dask.local.get_sync(dsk, out), 20) / N * 1e6
+        t_watch = best(watched, REPEAT, 0.1) / N * 1e6
+        t_dask = best(lambda: dask.core.get(dsk, out), 50, 0.1) / N * 1e6
+        t_sync = best(lambda: dask.local.get_sync(dsk, out), 20, 0.1) / N * 1e6
         print(f"{name:8} {t_plain:7.3f} {t_walk:7.3f} {t_watch:8.3f} {t_dask:10.3f} {t_sync:9.3f}"
               f" {t_walk / t_plain:10.2f}x {t_watch / t_walk:12.2f}x {t_dask / t_walk:14.1f}x")
 

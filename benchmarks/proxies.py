@@ -33,6 +33,8 @@ from somatize.torch import Trainer, parameters
 from somatize.torch._architecture import architecture
 from somatize.torch._proxies import EVERY, proxies
 
+from _bench import best
+
 ANCHORS = {  # NAS-Bench-201, CIFAR-10, signed Spearman ρ as published
     "synflow": "0.74", "jacob_cov": "0.73–0.75", "nwot": "0.77", "params": "0.72",
     "snip": "0.58–0.60", "grasp": "—", "grad_norm": "0.58",
@@ -216,16 +218,6 @@ def correlations(rows: list[dict[str, Any]]) -> dict[str, tuple[float, int]]:
 
 
 # -- what they cost ---------------------------------------------------------------------
-def best(fn: Callable[[], Any], repeat: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
 def cost_against_an_epoch(candidate: Candidate) -> tuple[float, float]:
     x_train, y_train, _, _ = digits()
     graph = candidate.graph(0)

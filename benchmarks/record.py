@@ -16,7 +16,6 @@
 
 from __future__ import annotations
 
-import statistics
 import tempfile
 import time
 
@@ -24,6 +23,8 @@ from somatize import Graph, Node
 from somatize._engine import execute
 from somatize.record import Recorder, curve, progress
 from somatize.store import Store
+
+from _bench import interleaved
 
 BLOCK = 200  # forwards per timed block
 ROUNDS = 15  # blocks of each kind, interleaved
@@ -40,26 +41,6 @@ class Head(Node):
         return x * 2
 
 
-def per_call(fn, count=BLOCK):
-    """Seconds per call of ``fn`` over one block."""
-    start = time.perf_counter()
-    for i in range(count):
-        fn(i)
-    return (time.perf_counter() - start) / count
-
-
-def side_by_side(contenders, rounds=ROUNDS):
-    """The median per-call time of each contender, blocks interleaved so that whatever
-    the machine does meanwhile falls on all of them alike."""
-    times = {name: [] for name in contenders}
-    for fn in contenders.values():
-        per_call(fn, 20)  # warm
-    for _ in range(rounds):
-        for name, fn in contenders.items():
-            times[name].append(per_call(fn))
-    return {name: statistics.median(ts) for name, ts in times.items()}
-
-
 def forward_costs(g):
     store = Store(tempfile.mkdtemp(prefix="somatize-bench-"))
     recorder = Recorder(store, run="bench")
@@ -70,11 +51,11 @@ def forward_costs(g):
         if len(listed) > 10_000:
             listed.clear()
 
-    return side_by_side({
+    return interleaved({
         "unwatched": lambda i: g.forward(i),
         "watched by list.append": lambda i: g.forward(i, watching=listing),
         "watched by Recorder": lambda i: g.forward(i, watching=recorder),
-    })
+    }, ROUNDS, BLOCK)
 
 
 def step_costs(g):
@@ -92,7 +73,7 @@ def step_costs(g):
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
         print("(torch.utils.tensorboard is not importable: TensorBoard left out)")
-        return side_by_side(contenders)
+        return interleaved(contenders, ROUNDS, BLOCK)
     writer = SummaryWriter(tempfile.mkdtemp(prefix="somatize-bench-tb-"))
     step = [0]
 
@@ -118,7 +99,7 @@ def step_costs(g):
         "TensorBoard, same numbers + flush": tensorboard(True, True),
     })
     try:
-        return side_by_side(contenders)
+        return interleaved(contenders, ROUNDS, BLOCK)
     finally:
         writer.close()
 

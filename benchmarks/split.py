@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import os
 import socket
-import statistics
 import subprocess
 import sys
-import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -29,6 +27,8 @@ import torch  # noqa: E402
 
 from somatize import Broker, Graph, Node, Opaque, Worker  # noqa: E402
 from somatize.torch import Split, Trainer, parameters  # noqa: E402
+
+from _bench import cycled, median
 
 QUICK = "--quick" in sys.argv
 STEPS = 30 if QUICK else 100
@@ -58,17 +58,6 @@ def batch(width, rows):
     return torch.randn(rows, width), torch.randn(rows, width)
 
 
-def median_step(step, data, steps):
-    for b in data[:5]:
-        step(b)
-    times = []
-    for b in data[:steps]:
-        start = time.perf_counter()
-        step(b)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def somatize_numbers(width, rows, worker):
     mse = torch.nn.functional.mse_loss
     data = [batch(width, rows) for _ in range(STEPS)]
@@ -81,8 +70,8 @@ def somatize_numbers(width, rows, worker):
     # Interleaved in blocks, so both see the same machine.
     ones, splits = [], []
     for block in range(4):
-        ones.append(median_step(one.step, data, STEPS // 4))
-        splits.append(median_step(split.step, data, STEPS // 4))
+        ones.append(median(cycled(one.step, data), STEPS // 4, warm=5))
+        splits.append(median(cycled(split.step, data), STEPS // 4, warm=5))
     return min(ones), min(splits)
 
 
@@ -147,7 +136,7 @@ def rpc_numbers():
                     optimizer.step(context)
                 return loss.item()
 
-            out[name] = min(median_step(step, data, STEPS // 4) for _ in range(4))
+            out[name] = min(median(cycled(step, data), STEPS // 4, warm=5) for _ in range(4))
     finally:
         rpc.shutdown()
         child.wait(30)

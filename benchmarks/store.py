@@ -24,15 +24,7 @@ from somatize import Graph, Node
 from somatize._keys import digest_of
 from somatize.store import Store
 
-
-def best(fn, repeat):
-    fn()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
+from _bench import best
 
 
 def hashing() -> None:

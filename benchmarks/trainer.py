@@ -17,13 +17,14 @@ and the last puts the hand-written loop against a copy of itself: the noise floo
 from __future__ import annotations
 
 import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 
 from somatize import Graph, Node, Opaque
 from somatize.torch import Trainer, parameters
+
+from _bench import block, steps_per_second
 
 INPUTS = 64
 BLOCKS = 25
@@ -92,29 +93,13 @@ def case(width: int, rows: int, watched: bool, control: bool = False) -> tuple[f
             other.step()
             return loss.item()
 
-    steps = max(5, int(0.15 / _once(by_hand, data)))  # about 0.15 s per block
+    steps = max(5, int(0.15 / steps_per_second(by_hand, data)))  # about 0.15 s per block
     hand, ours = [], []
-    for block in range(BLOCKS):
-        first, second = (by_hand, by_trainer) if block % 2 else (by_trainer, by_hand)
-        a, b = _block(first, data, steps), _block(second, data, steps)
+    for round_ in range(BLOCKS):
+        first, second = (by_hand, by_trainer) if round_ % 2 else (by_trainer, by_hand)
+        a, b = block(first, data, steps)[0], block(second, data, steps)[0]
         (hand.append(a), ours.append(b)) if first is by_hand else (ours.append(a), hand.append(b))
     return statistics.median(hand), statistics.median(ours)
-
-
-def _once(step, data) -> float:
-    for batch in data[:3]:
-        step(batch)
-    start = time.perf_counter()
-    for batch in data:
-        step(batch)
-    return (time.perf_counter() - start) / len(data)
-
-
-def _block(step, data, steps) -> float:
-    start = time.perf_counter()
-    for i in range(steps):
-        step(data[i % len(data)])
-    return (time.perf_counter() - start) / steps
 
 
 def main() -> None:

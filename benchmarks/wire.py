@@ -17,16 +17,16 @@ from __future__ import annotations
 
 import os
 import socket
-import statistics
 import struct
 import subprocess
 import sys
-import time
 
 import torch
 
 import somatize.torch  # noqa: F401  (the tensor codec)
 from somatize import Graph, Node, Opaque, Worker
+
+from _bench import median
 
 QUICK = "--quick" in sys.argv
 TINY = 300 if QUICK else 2000
@@ -38,18 +38,6 @@ _LENGTH = struct.Struct("<Q")
 class Same(Node):
     def forward(self, x, ctx):
         return Opaque(x) if isinstance(x, torch.Tensor) else x
-
-
-def per_call(fn, repeat: int) -> float:
-    """The median seconds per call after a warm-up."""
-    for _ in range(max(3, repeat // 20)):
-        fn()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 # -- raw sockets --------------------------------------------------------------------
@@ -126,8 +114,8 @@ def rpc_numbers(payload: torch.Tensor) -> tuple[float, float] | None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
     rpc.init_rpc("client", rank=0, world_size=2)
     try:
-        tiny = per_call(lambda: rpc.rpc_sync("worker", trivial, args=("hello" * 20,)), TINY)
-        big = per_call(lambda: rpc.rpc_sync("worker", trivial, args=(payload,)), BIG)
+        tiny = median(lambda: rpc.rpc_sync("worker", trivial, args=("hello" * 20,)), TINY)
+        big = median(lambda: rpc.rpc_sync("worker", trivial, args=(payload,)), BIG)
     finally:
         rpc.shutdown()
         child.wait(30)
@@ -177,16 +165,16 @@ def zero_copy_numbers(payload: torch.Tensor) -> float:
     with Worker.spawn([sys.executable, __file__, "--zero-copy-worker"], mode="network") as worker:
         g = Graph.somatize(Same().at("w1"))
         assert torch.equal(g.forward(Opaque(payload), broker={"w1": worker}), payload)
-        return per_call(lambda: g.forward(Opaque(payload), broker={"w1": worker}), BIG)
+        return median(lambda: g.forward(Opaque(payload), broker={"w1": worker}), BIG)
 
 
 def somatize_numbers(payload: torch.Tensor) -> dict[str, float]:
     with Worker.generic(mode="network") as worker:
         broker = {"w1": worker}
         g = Graph.somatize(Same().at("w1"))
-        tiny = per_call(lambda: g.forward("hello" * 20, broker=broker), TINY)
+        tiny = median(lambda: g.forward("hello" * 20, broker=broker), TINY)
         assert torch.equal(g.forward(Opaque(payload), broker=broker), payload)
-        big = per_call(lambda: g.forward(Opaque(payload), broker=broker), BIG)
+        big = median(lambda: g.forward(Opaque(payload), broker=broker), BIG)
         facts: list[dict] = []
         small = torch.ones(1000)
         g.forward(Opaque(small), broker=broker, watching=facts.append)
@@ -200,9 +188,9 @@ def main() -> None:
     payload = torch.randn(MB64 // 4)
     raw = RawEcho()
     tiny_message = memoryview(b"x" * 160)  # about what the tiny forward puts on the wire
-    raw_tiny = per_call(lambda: raw.round_trip(tiny_message), TINY)
+    raw_tiny = median(lambda: raw.round_trip(tiny_message), TINY)
     big_message = memoryview(payload.numpy()).cast("B")
-    raw_big = per_call(lambda: raw.round_trip(big_message), BIG)
+    raw_big = median(lambda: raw.round_trip(big_message), BIG)
     raw.close()
     ours = somatize_numbers(payload)
     rpc = rpc_numbers(payload)

@@ -1,5 +1,7 @@
 """The public face: what ``somatize`` exports, sorted, and nothing private."""
 
+import importlib.metadata
+
 import somatize
 
 SEED_NAMES = {"Bound", "Broker", "Ctx", "Graph", "Node", "Opaque", "Recorder", "Store",
@@ -9,7 +11,7 @@ SEED_NAMES = {"Bound", "Broker", "Ctx", "Graph", "Node", "Opaque", "Recorder", "
 def test_all_is_sorted_and_holds_the_seed_names():
     assert somatize.__all__ == sorted(somatize.__all__)
     assert SEED_NAMES <= set(somatize.__all__)
-    assert somatize.__version__ == "1.0.1"
+    assert somatize.__version__ == importlib.metadata.version("somatize")  # said once
 
 
 def test_every_error_is_a_soma_error_and_a_builtin():

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import _engine  # noqa: F401  (the walk hands its functions down to Graph as it loads)
 from ._codec import codec, codecs_registered
 from ._errors import (
     BadName,
@@ -45,11 +46,9 @@ from ._errors import (
     UnwritableError,
     WireError,
 )
-from . import _engine  # noqa: F401  (the walk hands its functions down to Graph as it loads)
 from ._graph import Graph
 from ._node import Ctx, Done, Node, Opaque
-
-__version__ = "1.0.1"
+from ._version import __version__
 
 __all__ = [
     "BadName",

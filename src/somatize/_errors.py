@@ -6,7 +6,8 @@ ValueError`` keeps working for code that has never heard of somatize::
     SomaError
     ├── DeclarationError        ValueError   the graph as written cannot be built
     │   ├── CycleError                       an edge would close a cycle (the path is named)
-    │   └── MissingForward      TypeError    a Node subclass without forward
+    │   ├── MissingForward      TypeError    a Node subclass without forward
+    │   └── NotWhole            TypeError    a count that is not a whole number in range
     ├── EdgeError               TypeError    a value on an edge is neither data nor Opaque
     ├── NodeError               ValueError   a node raised; names the node (and host)
     ├── CacheError              ValueError   a cache over something that can still change,
@@ -30,6 +31,8 @@ wire); nothing else catches broadly.
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "BadName",
     "CacheError",
@@ -39,6 +42,7 @@ __all__ = [
     "EdgeError",
     "Lost",
     "MissingForward",
+    "NotWhole",
     "NoGradient",
     "NodeError",
     "OutOfStep",
@@ -50,6 +54,7 @@ __all__ = [
     "Unauthorised",
     "UnwritableError",
     "WireError",
+    "whole_number",
 ]
 
 
@@ -151,6 +156,20 @@ class NoGradient(SomaError, RuntimeError):
 
 class OutOfStep(SomaError, RuntimeError):
     """A gradient arrived for an activation that is not there any more."""
+
+
+class NotWhole(DeclarationError, TypeError):
+    """A count (steps, pieces, a depth) that is not a whole number in its range. Both a
+    ValueError and a TypeError, since either is what a caller would reach for."""
+
+
+def whole_number(value: Any, name: str, *, least: int = 1, of: str = "") -> int:
+    """``value`` if it is an int (not a bool) of at least ``least``; else ``NotWhole``
+    naming ``of`` (who asks), the argument and what was given. The one such check."""
+    if type(value) is not int or value < least:
+        said = f"{of}: " if of else ""
+        raise NotWhole(f"{said}{name}={value!r}; {name} is a whole number from {least} up")
+    return value
 
 
 def walk_error(exc: SomaError) -> SomaError:

@@ -20,7 +20,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import _plan
-from ._dsl import Topology, as_piece, assign_ids, default_id, valid_device, valid_host, valid_id
+from ._dsl import (
+    Topology,
+    as_piece,
+    assign_ids,
+    default_id,
+    valid_device,
+    valid_host,
+    valid_id,
+)
 from ._errors import CycleError, DeclarationError
 from ._keys import Unwritable, hexdigest_of
 from ._node import made_with

@@ -216,7 +216,7 @@ def _report(store: Any, run: str, output: str | None) -> None:
 # -- demo ---------------------------------------------------------------------------------
 def _demo(argv: list[str]) -> int:
     try:
-        from . import demo
+        from .torch import _demo as demo
     except ImportError as exc:
         print(f"somatize demo: it trains with torch, which is not installed ({exc.name}): "
               "pip install 'somatize[all]'", file=sys.stderr)

@@ -6,12 +6,12 @@ identical blocks, a head node), both without torchvision.
 """
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
+from somatize import Graph, Node, Opaque
+from somatize.torch._architecture import KINDS, architecture, kind_of, traced
+
 nn, F = torch.nn, torch.nn.functional
-
-from somatize import Graph, Node, Opaque  # noqa: E402
-from somatize.torch._architecture import KINDS, architecture, kind_of, traced  # noqa: E402
 
 
 # -- a ResNet-like graph ------------------------------------------------------------------
@@ -330,9 +330,9 @@ def test_nodes_holding_nothing_are_left_out_and_bad_arguments_refused():
 
     g = Graph.somatize(Plain().named("plain") >> Gated().named("gated"))
     assert list(architecture(g, Opaque(torch.ones(2, 4)))) == ["gated"]
-    with pytest.raises(ValueError, match="most= is 1 or more"):
+    with pytest.raises(ValueError, match="most=0; most is a whole number from 1 up"):
         architecture(g, most=0)
-    with pytest.raises(TypeError, match="depth= is a whole number"):
+    with pytest.raises(TypeError, match="depth=1.5; depth is a whole number"):
         architecture(g, depth=1.5)
 
 

@@ -7,17 +7,17 @@ import tempfile
 
 import pytest
 
-torch = pytest.importorskip("torch")
+import torch
 
-import torch.nn.functional as F  # noqa: E402
-from trainnets import batches, graph  # noqa: E402
+import torch.nn.functional as F
+from trainnets import batches, graph
 
-from somatize import DeclarationError, Graph, Node, NodeError, Opaque  # noqa: E402
-from somatize.record import Recorder, facts  # noqa: E402
-from somatize.store import Store  # noqa: E402
-from somatize.torch import Trainer, parameters  # noqa: E402
-from somatize.torch._architecture import architecture  # noqa: E402
-from somatize.torch._audit import MEASURES, Audit  # noqa: E402
+from somatize import DeclarationError, Graph, Node, NodeError, Opaque
+from somatize.record import Recorder, facts
+from somatize.store import Store
+from somatize.torch import Trainer, parameters
+from somatize.torch._architecture import architecture
+from somatize.torch._audit import MEASURES, Audit
 
 APPROX = {"rel": 1e-5, "abs": 1e-7}
 

@@ -46,17 +46,17 @@ import textwrap
 
 import pytest
 
-torch = pytest.importorskip("torch")
+import torch
 
-import torch.nn.functional as F  # noqa: E402
+import torch.nn.functional as F
 
-import somatize  # noqa: E402
-from somatize import Graph, Node, Opaque  # noqa: E402
-from somatize.health import diagnose  # noqa: E402
-from somatize.health._rules import findings_of  # noqa: E402
-from somatize.record import Recorder  # noqa: E402
-from somatize.store import Store  # noqa: E402
-from somatize.torch import Trainer, parameters  # noqa: E402
+import somatize
+from somatize import Graph, Node, Opaque
+from somatize.health import diagnose
+from somatize.health._rules import findings_of
+from somatize.record import Recorder
+from somatize.store import Store
+from somatize.torch import Trainer, parameters
 
 SRC = os.path.dirname(os.path.dirname(somatize.__file__))
 STEPS = 60

@@ -14,13 +14,12 @@ import weakref
 from pathlib import Path
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-import somatize  # noqa: E402
-from somatize import BadName, DeclarationError  # noqa: E402
-from somatize.store import Store  # noqa: E402
-from somatize.torch import fedavg, gather  # noqa: E402
+import somatize
+from somatize import BadName, DeclarationError
+from somatize.store import Store
+from somatize.torch import fedavg, gather
 
 SRC = str(Path(somatize.__file__).resolve().parent.parent)
 ROOT = Path(__file__).resolve().parents[2]

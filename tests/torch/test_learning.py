@@ -3,12 +3,11 @@
 import pickle
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from somatize import Ctx, Node, Opaque  # noqa: E402
-from somatize.torch import Learning, OutOfStep, Split, envelope, gradient  # noqa: E402
-from somatize.torch._learning import Enters, carries  # noqa: E402
+from somatize import Ctx, Node, Opaque
+from somatize.torch import Learning, OutOfStep, Split, envelope, gradient
+from somatize.torch._learning import Enters, carries
 
 
 class Lin(Node):

@@ -5,7 +5,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch")
 jupytext = pytest.importorskip("jupytext")
 nbclient = pytest.importorskip("nbclient")
 pytest.importorskip("ipykernel")

@@ -3,18 +3,16 @@
 import tempfile
 
 import pytest
+import torch
+from trainnets import graph
 
-torch = pytest.importorskip("torch")
-
-from trainnets import graph  # noqa: E402
-
-from somatize import Graph, Node, Opaque  # noqa: E402
-from somatize.health import seen  # noqa: E402
-from somatize.health._rules import findings_of  # noqa: E402
-from somatize.record import Recorder, facts  # noqa: E402
-from somatize.store import Store  # noqa: E402
-from somatize.torch import freeze, parameters  # noqa: E402
-from somatize.torch._probe import probe  # noqa: E402
+from somatize import Graph, Node, Opaque
+from somatize.health import seen
+from somatize.health._rules import findings_of
+from somatize.record import Recorder, facts
+from somatize.store import Store
+from somatize.torch import freeze, parameters
+from somatize.torch._probe import probe
 
 
 class Stack(Node):

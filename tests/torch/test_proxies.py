@@ -12,12 +12,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
+from somatize import Graph, Node, Opaque
+from somatize.torch._proxies import EVERY, proxies, proxy
+
 F = torch.nn.functional
-
-from somatize import Graph, Node, Opaque  # noqa: E402
-from somatize.torch._proxies import EVERY, proxies, proxy  # noqa: E402
 
 W1 = [[0.5, -0.2, 0.1, 0.3], [-0.4, 0.6, 0.2, -0.1], [0.3, 0.1, -0.5, 0.2]]
 B1 = [0.1, -0.05, 0.02]

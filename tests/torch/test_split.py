@@ -1,12 +1,11 @@
 """Split training, here: bit for bit against the same net trained in one piece."""
 
 import pytest
+import torch
+from splitnets import Lin  # the node the split tests share
 
-torch = pytest.importorskip("torch")
-
-from somatize import CacheError, DeclarationError, Graph, Node, Opaque  # noqa: E402
-from somatize.torch import Learning, NoGradient, Split, Trainer, parameters  # noqa: E402
-from splitnets import Lin  # noqa: E402  (the node the split tests share)
+from somatize import CacheError, DeclarationError, Graph, Node, Opaque
+from somatize.torch import Learning, NoGradient, Split, Trainer, parameters
 
 mse = torch.nn.functional.mse_loss
 

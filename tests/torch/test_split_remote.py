@@ -6,14 +6,11 @@ import subprocess
 import sys
 
 import pytest
+import torch
+from splitnets import Lin
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("msgpack")
-
-from somatize import Broker, DeclarationError, Graph, Worker  # noqa: E402
-from somatize.torch import OutOfStep, Split, Trainer, parameters  # noqa: E402
-
-from splitnets import Lin  # noqa: E402
+from somatize import Broker, DeclarationError, Graph, Worker
+from somatize.torch import OutOfStep, Split, Trainer, parameters
 
 mse = torch.nn.functional.mse_loss
 TOKEN = "split-remote-" + "9" * 20

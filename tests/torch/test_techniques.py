@@ -4,12 +4,11 @@ each with the control that says it is real (seed 001's table)."""
 import warnings
 
 import pytest
+import torch
+from splitnets import Lin  # the node the split tests share
 
-torch = pytest.importorskip("torch")
-
-from somatize import Graph  # noqa: E402
-from somatize.torch import Learning, NoGradient, Trainer, freeze, parameters  # noqa: E402
-from splitnets import Lin  # noqa: E402  (the node the split tests share)
+from somatize import Graph
+from somatize.torch import Learning, NoGradient, Trainer, freeze, parameters
 
 mse = torch.nn.functional.mse_loss
 

@@ -5,15 +5,20 @@ import struct
 import tracemalloc
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-import somatize.torch  # noqa: E402,F401  registers the codec
-from somatize import (CorruptObject, Graph, Node, Opaque, UnwritableError,  # noqa: E402
-                      codecs_registered)
-from somatize._codec import dumps, loads  # noqa: E402
-from somatize.store import Store  # noqa: E402
-from somatize.torch import _codec  # noqa: E402
+import somatize.torch  # noqa: F401  (registers the codec)
+from somatize import (
+    CorruptObject,
+    Graph,
+    Node,
+    Opaque,
+    UnwritableError,
+    codecs_registered,
+)
+from somatize._codec import dumps, loads
+from somatize.store import Store
+from somatize.torch import _codec
 
 EVERY_DTYPE = sorted(_codec._WRITTEN, key=str)
 

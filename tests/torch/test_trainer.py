@@ -1,14 +1,12 @@
 """The Trainer against the hand-written loop it replaces: the same arithmetic."""
 
 import pytest
+import torch
+import torch.nn.functional as F
+from trainnets import batches, facts, graph, weights
 
-torch = pytest.importorskip("torch")
-
-import torch.nn.functional as F  # noqa: E402
-
-from somatize import Graph, Node, Opaque  # noqa: E402
-from somatize.torch import NoGradient, Result, Trainer, freeze, parameters  # noqa: E402
-from trainnets import batches, facts, graph, weights  # noqa: E402
+from somatize import Graph, Node, Opaque
+from somatize.torch import NoGradient, Result, Trainer, freeze, parameters
 
 
 @pytest.fixture(autouse=True)

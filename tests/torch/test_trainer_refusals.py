@@ -8,15 +8,12 @@ import warnings
 from pathlib import Path
 
 import pytest
+import torch
+import torch.nn.functional as F
+from trainnets import batches, graph, weights
 
-torch = pytest.importorskip("torch")
-
-import torch.nn.functional as F  # noqa: E402
-
-from somatize import CacheError, DeclarationError, Graph, Node, Opaque  # noqa: E402
-from somatize.torch import Trainer, freeze, parameters  # noqa: E402
-from trainnets import batches, graph, weights  # noqa: E402
-
+from somatize import CacheError, DeclarationError, Graph, Node, Opaque
+from somatize.torch import Trainer, freeze, parameters
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 

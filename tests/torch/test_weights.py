@@ -3,13 +3,12 @@
 import json
 
 import pytest
+import torch
+from trainnets import Body, Head, graph
 
-torch = pytest.importorskip("torch")
-
-from somatize import DeclarationError, Graph, Node, Opaque  # noqa: E402
-from somatize.torch import freeze, parameters  # noqa: E402
-from somatize.torch._weights import snapshot, weights_digest  # noqa: E402
-from trainnets import Body, Head, graph  # noqa: E402
+from somatize import DeclarationError, Graph, Node, Opaque
+from somatize.torch import freeze, parameters
+from somatize.torch._weights import snapshot, weights_digest
 
 
 class Tokenizer(Node):

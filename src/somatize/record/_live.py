@@ -109,9 +109,9 @@ class Live:
 
     def line(self) -> str:
         """The compact line a terminal shows."""
-        return " · ".join(([self.title] if self.title else []) + self._said())
+        return " · ".join(([self.title] if self.title else []) + self._parts())
 
-    def _said(self) -> list[str]:
+    def _parts(self) -> list[str]:
         parts = [f"{self.forwards} forward" + ("" if self.forwards == 1 else "s")]
         if self.losses:
             parts.append(f"loss {self.losses[-1][1]:.5g}")
@@ -126,7 +126,7 @@ class Live:
 
         with self._lock:
             found = list(self.losses)
-        said = " · ".join(self._said())
+        said = " · ".join(self._parts())
         title = f"<b>{_escape(self.title)}</b> — {said}" if self.title else said
         return curve_figure([f for f, _ in found], [v for _, v in found], title=title)
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._errors import RecordError
+from .._version import __version__
 from ._recorder import FORMAT, check_run, flush_pending, forward_name
 
 __all__ = ["Run", "Tally", "curve", "facts", "forwards", "nodes", "run_of", "runs", "tally"]
@@ -118,8 +119,6 @@ def read(store: Any, bound: Any) -> dict[str, Any]:
             '{"format": 1, "run": ..., "forward": i, "facts": [...]}); it was not written by a Recorder'
         )
     if version > FORMAT:
-        from .. import __version__
-
         raise RecordError(
             f"record {bound.name} was written in record format {version}, and this somatize "
             f"({__version__}) reads formats up to {FORMAT}; upgrade somatize to read it"

@@ -13,6 +13,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from .._version import __version__
 from ._read import curve, run_of
 from ._recorder import check_run
 
@@ -37,7 +38,9 @@ def _spent(store: Any, run: str) -> Section | None:
 
 
 def _health(store: Any, run: str) -> Section | None:
-    from ..health import section  # health reads records: imported when asked, not before
+    from ..health import (
+        section,  # health reads records: imported when asked, not before
+    )
 
     return section(store, run)
 
@@ -116,8 +119,6 @@ def report(store: Any, run: str, path: Any, *, sections: list[Callable[[Any, str
         if answer is not None:
             heading, body = answer
             parts.append(f"<section><h2>{html.escape(heading)}</h2>{_body(body, at)}</section>")
-    from .. import __version__
-
     page = (
         "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
         f"<title>somatize — {html.escape(run)}</title><style>{_STYLE}</style>"

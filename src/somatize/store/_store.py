@@ -27,6 +27,7 @@ from typing import Any
 
 from .._codec import MAGIC, dumps, loads
 from .._errors import BadName, CorruptObject, StoreError
+from .._optional import optional
 from .backend import Backend
 from .local import DirectoryBackend
 
@@ -187,9 +188,8 @@ class Store:
         write before this returns, and refused if it does not; see
         ``somatize.store.bucket`` for the layout, addressing and credentials.
         """
-        from .bucket import BucketBackend  # boto3 is imported only by whoever asks for it
-
-        return cls.over(BucketBackend.opened(endpoint, bucket, region=region, key=key,
+        bucket_backend = optional("somatize.store.bucket", "s3", "Store.on_bucket").BucketBackend
+        return cls.over(bucket_backend.opened(endpoint, bucket, region=region, key=key,
                                              secret=secret, hosted=hosted, prefix=prefix))
 
     @property

@@ -48,6 +48,7 @@ from torch import fx
 from torch.fx.passes.shape_prop import ShapeProp
 
 from .._engine import execute
+from .._errors import whole_number
 from .._node import MADE_WITH, Opaque
 
 __all__ = ["KINDS", "Inside", "architecture", "kind_of", "traced"]
@@ -514,7 +515,8 @@ def architecture(graph: Any, example: Any = None, *, most: int = 48, depth: int 
     is in the nodes' own train/eval modes, but buffers are put back and the random
     streams forked.
     """
-    most, depth = _count("most", most, 1), _count("depth", depth, 0)
+    most = whole_number(most, "most", least=1, of="architecture()")
+    depth = whole_number(depth, "depth", least=0, of="architecture()")
     held = {node_id: _held(graph.implementation(node_id)) for node_id in graph.nodes()}
     held = {node_id: items for node_id, items in held.items() if items}
     modules = list({id(m): m for items in held.values() for _, thing in items
@@ -567,9 +569,3 @@ def traced(module: Any, example: Any = None) -> Inside | None:
     return _inside(_listing(found, via, seen, 0, signatures))
 
 
-def _count(name: str, value: Any, least: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name}= is a whole number, not a {type(value).__qualname__} ({value!r})")
-    if value < least:
-        raise ValueError(f"{name}= is {least} or more, not {value}")
-    return value

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from .._errors import OutOfStep
+from .._errors import OutOfStep, whole_number
 from .._node import Ctx, Node, Opaque
 from ._weights import checked_node, copy_weights, weights_of
 
@@ -112,8 +112,8 @@ class Learning(Node):
         if not callable(optimizer):
             raise TypeError(f"{type(self).__qualname__} takes an optimizer factory such as "
                             f"torch.optim.SGD, not a {type(optimizer).__qualname__}")
-        if every is not None and (type(every) is not int or every < 1):
-            raise ValueError(f"every={every!r}: a whole number of steps from 1 up, or None")
+        if every is not None:
+            whole_number(every, "every", of=type(self).__qualname__)
         self._factory = functools.partial(optimizer, **how)
         self._every = every
 

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from .._engine import execute
+from .._errors import whole_number
 from .._graph import Graph
 from .._node import Opaque
 from ._architecture import _undisturbed
@@ -46,8 +47,7 @@ def probe(graph: Graph, example: Any, *, depth: int = 0, most: int = 48, probes:
     if not isinstance(graph, Graph):
         raise TypeError(f"probe() takes a somatize Graph, not a {type(graph).__qualname__}")
     for name, value, least in (("depth", depth, 0), ("most", most, 1), ("probes", probes, 1)):
-        if type(value) is not int or value < least:
-            raise ValueError(f"probe(): {name}={value!r}; it is a whole number from {least}")
+        whole_number(value, name, least=least, of="probe()")
     audit = Audit(every=1, snapshot=1, inside=depth, most=most)
     audit._probes = probes
     audit._keep = []

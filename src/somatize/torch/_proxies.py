@@ -31,6 +31,7 @@ import torch
 from .._engine import execute
 from .._node import Opaque
 from ._architecture import kind_of
+from ._tensors import tensors_in
 from ._weights import held, modules_of
 
 __all__ = ["EVERY", "proxies", "proxy"]
@@ -98,12 +99,12 @@ def _batch(example: Any) -> torch.Tensor:
     if not isinstance(batch, torch.Tensor) or batch.dim() < 1:
         raise TypeError(
             "a proxy is taken on a batch: a tensor whose first dimension counts the "
-            f"examples (Opaque(tensor) is fine too), not {_said(batch)}"
+            f"examples (Opaque(tensor) is fine too), not {_what_it_is(batch)}"
         )
     return batch.detach()
 
 
-def _said(value: Any) -> str:
+def _what_it_is(value: Any) -> str:
     if isinstance(value, torch.Tensor):
         return f"a tensor of shape {tuple(value.shape)}"
     return f"a {type(value).__qualname__}"
@@ -177,22 +178,12 @@ def _measured(graph: Any) -> list[torch.Tensor]:
     return found
 
 
-def _tensors(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors(v)]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _tensors(v)]
-    return []
-
-
 def _summed(output: Any, who: str) -> torch.Tensor:
     """R, the sum of everything the graph produced (every leaf, every element)."""
-    found = [t for t in _tensors(output) if t.is_floating_point()]
+    found = [t for t in tensors_in(output) if t.is_floating_point()]
     if not found:
         raise TypeError(f"{who} sums what the graph produced, and it produced "
-                        f"{_said(output)}, with no floating-point tensor in it; a graph "
+                        f"{_what_it_is(output)}, with no floating-point tensor in it; a graph "
                         "scored by proxies answers tensors (Opaque(tensor) from its leaves)")
     return sum(t.sum() for t in found)
 
@@ -203,7 +194,7 @@ def _loss(objective: Any, output: Any, target: Any) -> torch.Tensor:
         target = target.to(output.device)
     loss = objective(output, target)
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:
-        raise TypeError(f"the objective answered {_said(loss)}; it has to answer a single "
+        raise TypeError(f"the objective answered {_what_it_is(loss)}; it has to answer a single "
                         "number that depends on the graph's weights (a tensor with a grad_fn)")
     return loss.reshape(())
 
@@ -305,7 +296,7 @@ def _nwot(graph: Any, batch: torch.Tensor, target: Any, objective: Any) -> float
         for handle in handles:
             handle.remove()
     if not relus:
-        codes = [(t.detach().reshape(rows, -1) > 0).double() for t in _tensors(values)
+        codes = [(t.detach().reshape(rows, -1) > 0).double() for t in tensors_in(values)
                  if t.dim() >= 1 and t.shape[0] == rows]
     if not codes:
         raise _CannotTake("nwot reads which units are on for each example, and no ReLU-like "

@@ -27,7 +27,14 @@ from typing import Any
 import torch
 
 from .._engine import execute
-from .._errors import CacheError, DeclarationError, NodeError, NoGradient, OutOfStep
+from .._errors import (
+    CacheError,
+    DeclarationError,
+    NodeError,
+    NoGradient,
+    OutOfStep,
+    whole_number,
+)
 from .._graph import Graph, describe
 from .._node import Opaque
 from .._remember import changing_above, open_store
@@ -35,7 +42,16 @@ from .._slices import backend_of
 from ._audit import audit_for
 from ._learning import Learning
 from ._staged import StagedDriver
-from ._weights import Weights, checked_weights, copy_weights, freeze, has_parameters, held, snapshot
+from ._tensors import tensors_in
+from ._weights import (
+    Weights,
+    checked_weights,
+    copy_weights,
+    freeze,
+    has_parameters,
+    held,
+    snapshot,
+)
 
 __all__ = ["Result", "Trainer"]
 
@@ -90,8 +106,8 @@ class Trainer:
                 "give a function of (output, target) answering the loss, such as "
                 "torch.nn.functional.mse_loss"
             )
-        self._every = _count("every", every, "steps go into one update")
-        self._micro = _count("micro", micro, "pieces one step is cut into")
+        self._every = whole_number(every, "every", of="Trainer")  # steps in one update
+        self._micro = whole_number(micro, "micro", of="Trainer")  # pieces of one step
         self._watchers = _watchers(watching)
         self._watching = self._watchers or None  # as the walk wants it: None is cheapest
         frozen = set(graph.frozen())
@@ -191,7 +207,7 @@ class Trainer:
         second epoch would silently be empty. Shows a progress bar with the loss on a
         terminal or in a notebook, and nothing otherwise.
         """
-        epochs = _count("epochs", epochs, "passes over data are made", of="fit()")
+        epochs = whole_number(epochs, "epochs", of="fit()")
         try:
             walked = iter(data)
         except TypeError:
@@ -401,13 +417,6 @@ def _check_trains(graph: Graph, trains: Any, optimizer: Any,
     return dict(trains)
 
 
-def _count(name: str, value: Any, meaning: str, of: str = "Trainer") -> int:
-    if type(value) is not int or value < 1:
-        raise DeclarationError(f"{of}: {name}={value!r}; {name} is how many {meaning}, a "
-                               "whole number from 1 up")
-    return value
-
-
 def _watchers(watching: Any) -> list[Callable[[dict], None]]:
     if watching is None:
         return []
@@ -554,23 +563,11 @@ def _pieces(batch: Any, micro: int) -> list[tuple[Any, Any, float]]:
 
 
 def _rows(value: Any, what: str) -> int:
-    sizes = {t.shape[0] if t.dim() else None for t in _tensors(value, what)}
+    sizes = {t.shape[0] if t.dim() else None for t in tensors_in(value, refusing=what)}
     if len(sizes) != 1 or None in sizes:
         raise ValueError(f"micro cuts {what} along its first dimension, and its tensors "
                          f"have first dimensions {sorted(map(str, sizes))}; they must share one")
     return sizes.pop()
-
-
-def _tensors(value: Any, what: str) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (tuple, list)):
-        return [t for item in value for t in _tensors(item, what)]
-    if isinstance(value, dict):
-        return [t for item in value.values() for t in _tensors(item, what)]
-    raise TypeError(f"micro= cuts the batch with torch.chunk, and {what} holds a "
-                    f"{type(value).__qualname__}; give tensors (or tuples, lists and dicts "
-                    "of them), or use micro=1")
 
 
 def _chunk(value: Any, micro: int) -> list[Any]:
@@ -584,7 +581,7 @@ def _chunk(value: Any, micro: int) -> list[Any]:
 
 
 def _first(value: Any, what: str) -> torch.Tensor:
-    return _tensors(value, what)[0]
+    return tensors_in(value, refusing=what)[0]
 
 
 # -- the progress bar ---------------------------------------------------------------------

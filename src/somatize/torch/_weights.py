@@ -42,7 +42,7 @@ def parameters(graph: Any, without: Container[str] = ()) -> list[torch.nn.Parame
                         f"write without=[{without!r}]")
     nodes = graph.nodes()
     if isinstance(without, Iterable):
-        unknown = [n for n in without if n not in graph._impl]
+        unknown = [n for n in without if graph.implementation(n) is None]
         if unknown:
             raise DeclarationError(
                 f"without= names {', '.join(map(repr, unknown))}, which this graph does not "
@@ -53,14 +53,14 @@ def parameters(graph: Any, without: Container[str] = ()) -> list[torch.nn.Parame
     for node_id in nodes:
         if node_id in without:
             continue
-        for parameter in _said(graph.implementation(node_id), node_id):
+        for parameter in _declared_parameters(graph.implementation(node_id), node_id):
             if id(parameter) not in seen:
                 seen.add(id(parameter))
                 found.append(parameter)
     return found
 
 
-def _said(node: Any, node_id: str) -> list[torch.Tensor]:
+def _declared_parameters(node: Any, node_id: str) -> list[torch.Tensor]:
     """What the node's own ``.parameters()`` answers, checked; [] if it has none."""
     ask = getattr(node, "parameters", None)
     if not callable(ask):
@@ -107,7 +107,7 @@ def held(node: Any, node_id: str = "?") -> list[torch.Tensor]:
     seen: set[int] = set()
     out = []
     inside = (p for module in modules_of(node) for p in module.parameters())
-    for parameter in [*_said(node, node_id), *inside]:
+    for parameter in [*_declared_parameters(node, node_id), *inside]:
         if id(parameter) not in seen:
             seen.add(id(parameter))
             out.append(parameter)
@@ -132,7 +132,7 @@ def weights_of(node: Any, node_id: str = "?") -> dict[str, Any]:
         if isinstance(value, torch.nn.Parameter):
             weights[name] = value
     if not weights:
-        weights = {f"parameters.{i}": p for i, p in enumerate(_said(node, node_id))}
+        weights = {f"parameters.{i}": p for i, p in enumerate(_declared_parameters(node, node_id))}
     return weights
 
 
@@ -167,7 +167,7 @@ def freeze(graph: Any, *node_ids: str) -> None:
     every digest taken, before anything is changed.
     """
     for node_id in node_ids:
-        if not isinstance(node_id, str) or node_id not in graph._impl:
+        if not isinstance(node_id, str) or graph.implementation(node_id) is None:
             raise DeclarationError(
                 f"freeze() was asked for {node_id!r}, which this graph does not have; its "
                 f"nodes are {', '.join(map(repr, graph.nodes()))}"

@@ -20,8 +20,15 @@ from typing import Any
 
 import torch
 
-from . import Broker, Graph, Node, Opaque, Recorder, Store, Worker
-from .torch import Split, Trainer, architecture, parameters
+from .._graph import Graph
+from .._node import Node, Opaque
+from ..record import Recorder
+from ..store import Store
+from ..wire import Broker, Worker
+from ._architecture import architecture
+from ._learning import Split
+from ._trainer import Trainer
+from ._weights import parameters
 
 __all__ = ["main"]
 
