@@ -236,6 +236,16 @@ def _listening(host: str, port: int) -> socket.socket:
     return listener
 
 
+def _warm() -> None:
+    """Imports plotly's figures now, so the first drawing (which sets how often the
+    sections are drawn again) does not count their import as drawing."""
+    try:
+        import plotly.graph_objects  # noqa: F401
+        import plotly.subplots  # noqa: F401
+    except ImportError:
+        pass  # the page says what is missing where it would draw
+
+
 def _say(line: str) -> None:
     print(line, flush=True)  # flushed: whoever started the server may be waiting for it
 
@@ -256,6 +266,7 @@ def serve(store: Any, *, host: str = "127.0.0.1", port: int = PORT, public: bool
         raise ValueError(f"port is a number from 0 (any free one) to 65535, not {port!r}")
     following = store if isinstance(store, Following) else Following(store)
     following.scan(force=True)
+    _warm()
     app = application(following, public=public)
     listener = _listening(host, port)
     bound = listener.getsockname()

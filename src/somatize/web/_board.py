@@ -126,20 +126,20 @@ class Board:
                  "findings": row.findings} for name, row in rows]
 
     def _judge(self, rows: list[tuple[str, _Row]]) -> None:
-        """Brings the findings of the newest runs up to date, for a moment at most: the
-        rest wait for the next look."""
+        """Brings the findings of the newest runs up to date, for a moment at most (and
+        one run at least): the rest wait for the next look."""
         from ..health import diagnose
 
         until = time.monotonic() + DIAGNOSE_FOR
         for name, row in rows:
             if row.judged == row.version:
                 continue
-            if time.monotonic() > until:
-                break
             version = row.version
             row.findings = [{"where": f.where, "what": f.what, "since": f.since}
                             for f in diagnose(self.following, name)]
             row.judged = version
+            if time.monotonic() > until:  # one run a look at least, however long it takes
+                break
 
     def known(self, run: str) -> bool:
         return self.following.version(run) is not None
