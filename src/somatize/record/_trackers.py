@@ -51,7 +51,8 @@ def _needs(module: str, what: str) -> Any:
     try:
         return importlib.import_module(module)
     except ImportError as missing:
-        raise ImportError(f"{what} needs {missing.name}, which is not installed: "
+        lacking = (missing.name or module).split(".")[0]
+        raise ImportError(f"{what} needs {lacking}, which is not installed: "
                           "pip install 'somatize[trackers]'") from missing
 
 
@@ -75,8 +76,9 @@ class _Points:
         self.forward = -1
         self.step = 0
         self.wall = time.time()
-        self.summed: dict[str, float] = {}
+        self.summed: dict[str, tuple[float, int]] = {}
         self.health: list[dict[str, Any]] = []
+        self.measured = 0  # the last step a health fact was said at: where findings are shown
 
     def begin(self, forward: int, wall: float) -> None:
         self.end()
@@ -96,20 +98,23 @@ class _Points:
             if value is not None:
                 self.emit("loss", value, self.step, self.wall)
         elif kind == "finished":
-            self._add("time/forward", fact.get("took_us"), 1e-3)
+            self._add("time/forward", fact.get("took_us"), 1000)
         elif kind == "ran" and isinstance(fact.get("node"), str):
             tag = f"time/{fact['node']}" + ("/learning" if fact.get("backward") else "")
-            self._add(tag, fact.get("took_us"), 1e-3)
+            self._add(tag, fact.get("took_us"), 1000)
         elif kind in ("sent", "received") and isinstance(fact.get("host"), str):
-            self._add(f"wire/{fact['host']}/{kind}_ms", fact.get("took_us"), 1e-3)
+            self._add(f"wire/{fact['host']}/{kind}_ms", fact.get("took_us"), 1000)
             self._add(f"wire/{fact['host']}/{kind}_bytes", fact.get("bytes"), 1)
         elif kind == "health" and isinstance(fact.get("where"), str) and type(fact.get("step")) is int:
             self._health(fact)
 
-    def _add(self, tag: str, value: Any, scale: float) -> None:
+    def _add(self, tag: str, value: Any, per: int) -> None:
+        """Adds to a forward's sum of ``tag``, which is handed on divided by ``per``
+        (1000: microseconds said, milliseconds shown)."""
         number = _number(value)
         if number is not None:
-            self.summed[tag] = self.summed.get(tag, 0.0) + number * scale
+            total, _ = self.summed.get(tag, (0.0, per))
+            self.summed[tag] = (total + number, per)
 
     def _health(self, fact: dict[str, Any]) -> None:
         kept = {"fact": "health", "where": fact["where"], "step": fact["step"]}
@@ -120,11 +125,12 @@ class _Points:
             kept[key] = value
             self.emit(f"health/{fact['where']}/{key}", number, fact["step"], self.wall)
         self.health.append(kept)
+        self.measured = max(self.measured, fact["step"])
 
     def end(self) -> None:
         """Hands on what was summed over the open forward."""
-        for tag, value in self.summed.items():
-            self.emit(tag, value, self.step, self.wall)
+        for tag, (total, per) in self.summed.items():
+            self.emit(tag, total / per, self.step, self.wall)
         self.summed = {}
 
 
@@ -154,15 +160,14 @@ def _findings(findings: list[Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _replay(store: Any, run: str, points: _Points) -> tuple[bool, int, float]:
-    """Every record of a run through ``points``: whether it held health facts, and the
-    last step and time."""
+def _replay(store: Any, run: str, points: _Points) -> bool:
+    """Every record of a run through ``points``; answers whether it held health facts."""
     for index, bound in listed(store, run):
         points.begin(index, bound.when)
         for fact in read(store, bound)["facts"]:
             points.take(fact)
     points.end()
-    return bool(points.health), points.step, points.wall
+    return bool(points.health)
 
 
 # -- TensorBoard ------------------------------------------------------------------------------
@@ -218,11 +223,10 @@ def export_tensorboard(store: Any, run: str, directory: Any) -> str:
     events = _EventFile(folder, flush_secs=120)
     try:
         points = _Points(events.scalar, counting=False)
-        audited, step, wall = _replay(store, run, points)
-        if audited:
+        if _replay(store, run, points):
             from ..health import diagnose
 
-            events.findings(diagnose(store, run), step, wall)
+            events.findings(diagnose(store, run), points.measured, points.wall)
     finally:
         events.close()
     for path in earlier:  # the new file is whole; only now let the old ones go
@@ -297,8 +301,7 @@ def export_mlflow(store: Any, run: str, *, tracking_uri: str | None = None,
         "somatize.run": run, "somatize.store": str(getattr(store, "where", store))})
     status = "FAILED"
     try:
-        audited, _, _ = _replay(store, run, _Points(logged.scalar, counting=False))
-        if audited:
+        if _replay(store, run, _Points(logged.scalar, counting=False)):
             from ..health import diagnose
 
             logged.findings(diagnose(store, run))
@@ -340,7 +343,7 @@ class _Streaming:
             if self.points.health:
                 from ..health._rules import findings_of
 
-                self.sink.findings(findings_of(self.points.health), self.points.step,
+                self.sink.findings(findings_of(self.points.health), self.points.measured,
                                    self.points.wall)
             self.sink.close()
 
