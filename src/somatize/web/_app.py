@@ -113,103 +113,111 @@ def _json(value: Any) -> str:
     return json.dumps(finite(value), allow_nan=False, separators=(",", ":"))
 
 
+class _Site:
+    """The routes of the page over one store; each reads through the one Board."""
+
+    def __init__(self, following: Following):
+        self.following = following
+        self.board = Board(following)
+        self.assets = _Assets()
+
+    def routes(self) -> list[Route]:
+        return [Route("/", self.runs_page), Route("/run/{run:path}", self.run_page),
+                Route("/api/runs", self.runs_json), Route("/api/run/{run:path}", self.run_json),
+                Route("/events/runs", self.runs_events),
+                Route("/events/run/{run:path}", self.run_events),
+                Route("/static/{name}", self.static)]
+
+    async def runs_page(self, request: Request) -> Response:
+        return _page("runs", "runs", self.following.where)
+
+    async def run_page(self, request: Request) -> Response:
+        run = request.path_params["run"]
+        if not await run_sync(self.board.known, run):
+            return await self.unknown(run)
+        return _page("run", run, self.following.where, run)
+
+    async def unknown(self, run: str) -> Response:
+        rows = await run_sync(self.board.runs)
+        said = ", ".join(row["name"] for row in rows[:10]) or "none yet"
+        return PlainTextResponse(f"the store at {self.following.where} has no run {run!r}; "
+                                 f"its newest runs are: {said}", status_code=404)
+
+    async def runs_json(self, request: Request) -> Response:
+        return JSONResponse(finite(await run_sync(self.board.runs)))
+
+    async def run_json(self, request: Request) -> Response:
+        run = request.path_params["run"]
+        state = await run_sync(self.board.state, run)
+        if state is None:
+            return await self.unknown(run)
+        drawn = await run_sync(self.board.sections, run)
+        return Response(f'{{"state":{_json(state)},"sections":{drawn[1]}}}',
+                        media_type="application/json")
+
+    async def runs_events(self, request: Request) -> Response:
+        return _streaming(self._runs_stream())
+
+    async def _runs_stream(self) -> Any:
+        yield "retry: 2000\n\n"  # how soon a page whose server went away asks again, in ms
+        said, quiet = None, 0.0
+        while True:
+            text = _json(await run_sync(self.board.runs))
+            if text != said:
+                said, quiet = text, 0.0
+                yield _event("runs", text)
+            elif quiet >= QUIET:
+                quiet = 0.0
+                yield ": still here\n\n"
+            await sleep(2 * TICK)
+            quiet += 2 * TICK
+
+    async def run_events(self, request: Request) -> Response:
+        run = request.path_params["run"]
+        if not await run_sync(self.board.known, run):
+            return await self.unknown(run)
+        return _streaming(self._run_stream(run))
+
+    async def _run_stream(self, run: str) -> Any:
+        """The run's state whenever it moved (its losses only from the last one sent on),
+        and its sections whenever they were drawn again."""
+        yield "retry: 2000\n\n"
+        after, shown, drawn_shown, quiet = -1, None, None, 0.0
+        while True:
+            state = await run_sync(self.board.state, run, after)
+            if state is not None and state["version"] != shown:
+                shown, quiet = state["version"], 0.0
+                if state["points"]:
+                    after = state["points"][-1][0]
+                yield _event("state", _json(state))
+            drawn = await run_sync(self.board.sections, run)
+            if drawn is not None and drawn[0] != drawn_shown:
+                drawn_shown, quiet = drawn[0], 0.0
+                yield _event("sections", drawn[1])
+            if quiet >= QUIET:
+                quiet = 0.0
+                yield ": still here\n\n"
+            await sleep(TICK)
+            quiet += TICK
+
+    async def static(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        if name not in ("page.js", "page.css", "plotly.js"):
+            return PlainTextResponse(f"there is no {name} here", status_code=404)
+        data = await run_sync(self.assets, name)
+        return Response(data, media_type=_TYPES[name.rsplit(".", 1)[-1]],
+                        headers={"Cache-Control": "max-age=3600"})
+
+
 def application(store: Any, *, public: bool = False) -> Starlette:
     """The ASGI application of the page over ``store``, for any ASGI server.
 
     ``store`` is a Store (or a ``Following`` of one); the application only reads it.
     Unless ``public``, it answers only requests addressed to a loopback name.
     """
-    following = store if isinstance(store, Following) else Following(store)
-    board = Board(following)
-    assets = _Assets()
-
-    async def runs_page(request: Request) -> Response:
-        return _page("runs", "runs", following.where)
-
-    async def run_page(request: Request) -> Response:
-        run = request.path_params["run"]
-        if not await run_sync(board.known, run):
-            return await _unknown(run)
-        return _page("run", run, following.where, run)
-
-    async def _unknown(run: str) -> Response:
-        rows = await run_sync(board.runs)
-        said = ", ".join(row["name"] for row in rows[:10]) or "none yet"
-        return PlainTextResponse(f"the store at {following.where} has no run {run!r}; its "
-                                 f"newest runs are: {said}", status_code=404)
-
-    async def runs_json(request: Request) -> Response:
-        return JSONResponse(finite(await run_sync(board.runs)))
-
-    async def run_json(request: Request) -> Response:
-        run = request.path_params["run"]
-        state = await run_sync(board.state, run)
-        if state is None:
-            return await _unknown(run)
-        drawn = await run_sync(board.sections, run)
-        return Response(f'{{"state":{_json(state)},"sections":{drawn[1]}}}',
-                        media_type="application/json")
-
-    async def runs_events(request: Request) -> Response:
-        async def stream():
-            yield "retry: 2000\n\n"
-            said, quiet = None, 0.0
-            while True:
-                text = _json(await run_sync(board.runs))
-                if text != said:
-                    said, quiet = text, 0.0
-                    yield _event("runs", text)
-                elif quiet >= QUIET:
-                    quiet = 0.0
-                    yield ": still here\n\n"
-                await sleep(2 * TICK)
-                quiet += 2 * TICK
-        return _streaming(stream())
-
-    async def run_events(request: Request) -> Response:
-        run = request.path_params["run"]
-        if not await run_sync(board.known, run):
-            return await _unknown(run)
-
-        async def stream():
-            yield "retry: 2000\n\n"
-            after, shown, drawn_shown, quiet = -1, None, None, 0.0
-            while True:
-                state = await run_sync(board.state, run, after)
-                if state is not None and state["version"] != shown:
-                    shown, quiet = state["version"], 0.0
-                    if state["points"]:
-                        after = state["points"][-1][0]
-                    yield _event("state", _json(state))
-                drawn = await run_sync(board.sections, run)
-                if drawn is not None and drawn[0] != drawn_shown:
-                    drawn_shown, quiet = drawn[0], 0.0
-                    yield _event("sections", drawn[1])
-                if quiet >= QUIET:
-                    quiet = 0.0
-                    yield ": still here\n\n"
-                await sleep(TICK)
-                quiet += TICK
-        return _streaming(stream())
-
-    async def static(request: Request) -> Response:
-        name = request.path_params["name"]
-        kind = name.rsplit(".", 1)[-1]
-        if name not in ("page.js", "page.css", "plotly.js"):
-            return PlainTextResponse(f"there is no {name} here", status_code=404)
-        data = await run_sync(assets, name)
-        return Response(data, media_type=_TYPES[kind], headers={"Cache-Control": "max-age=3600"})
-
-    app = Starlette(routes=[
-        Route("/", runs_page),
-        Route("/run/{run:path}", run_page),
-        Route("/api/runs", runs_json),
-        Route("/api/run/{run:path}", run_json),
-        Route("/events/runs", runs_events),
-        Route("/events/run/{run:path}", run_events),
-        Route("/static/{name}", static),
-    ])
-    app.state.board = board
+    site = _Site(store if isinstance(store, Following) else Following(store))
+    app = Starlette(routes=site.routes())
+    app.state.board = site.board
     if not public:
         app.add_middleware(_LocalOnly)
     return app

@@ -19,8 +19,8 @@ import time
 from typing import Any
 
 from ..record import facts
-from ..record._read import run_of
 from ._follow import Following
+from ._seen import Losses, Shape
 
 __all__ = ["Board"]
 
@@ -58,26 +58,16 @@ def _last_loss(said: list[Any]) -> Any:
 
 
 class _Row:
-    __slots__ = ("findings", "judged", "loss", "run", "version")
+    """One run in the list: its shape, its last loss, and its findings."""
 
-    def __init__(self) -> None:
+    __slots__ = ("findings", "judged", "loss", "shape", "version")
+
+    def __init__(self, run: str) -> None:
         self.version = -1
-        self.run: Any = None  # record.Run
+        self.shape = Shape(run)
         self.loss: Any = None
         self.findings: list[dict[str, Any]] | None = None
         self.judged = -1  # the version the findings are of
-
-
-class _Curve:
-    """One run's losses, per forward, read once per binding."""
-
-    __slots__ = ("digests", "lock", "values", "version")
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.version = -1
-        self.digests: dict[int, str] = {}
-        self.values: dict[int, float | None] = {}
 
 
 class _Drawn:
@@ -98,32 +88,36 @@ class Board:
         self.following = following
         self._lock = threading.Lock()
         self._rows: dict[str, _Row] = {}
-        self._curves: dict[str, _Curve] = {}
+        self._losses: dict[str, Losses] = {}
         self._drawn: dict[str, _Drawn] = {}
+
+    def _row(self, run: str) -> _Row:
+        with self._lock:
+            row = self._rows.get(run)
+            if row is None:
+                row = self._rows[run] = _Row(run)
+            return row
 
     # -- the list of runs ------------------------------------------------------------------
     def runs(self) -> list[dict[str, Any]]:
         """Every run, the one begun last first: forwards, times, last loss, findings."""
         self.following.scan()
-        versions = self.following.runs()
         rows = []
-        for name, version in versions.items():
-            with self._lock:
-                row = self._rows.setdefault(name, _Row())
+        for name, version in self.following.runs().items():
+            row = self._row(name)
             if row.version != version:
-                row.run = run_of(self.following, name)
-                row.loss = row.run.summary.get("loss")
-                if not isinstance(row.loss, (int, float)):
-                    row.loss = _last_loss(facts(self.following, name, -1))
-                row.version = version
-            rows.append((name, row))
-        rows.sort(key=lambda pair: (pair[1].run.first, pair[0]), reverse=True)
-        self._judge(rows)
+                row.version = row.shape.update(self.following)
+                loss = row.shape.run_now().summary.get("loss")
+                # Not summarised: the last record says it, and only that one is opened.
+                row.loss = loss if isinstance(loss, (int, float)) else \
+                    _last_loss(facts(self.following, name, -1))
+            rows.append((name, row, row.shape.run_now()))
+        rows.sort(key=lambda seen: (seen[2].first, seen[0]), reverse=True)
+        self._judge([(name, row) for name, row, _ in rows])
         now = time.time()
-        return [{"name": name, "forwards": row.run.forwards, "first": row.run.first,
-                 "last": row.run.last, "ago": max(0.0, now - row.run.last),
-                 "live": now - row.run.last < LIVE_FOR, "loss": _said(row.loss),
-                 "findings": row.findings} for name, row in rows]
+        return [{"name": name, "forwards": run.forwards, "first": run.first, "last": run.last,
+                 "ago": max(0.0, now - run.last), "live": now - run.last < LIVE_FOR,
+                 "loss": _said(row.loss), "findings": row.findings} for name, row, run in rows]
 
     def _judge(self, rows: list[tuple[str, _Row]]) -> None:
         """Brings the findings of the newest runs up to date, for a moment at most (and
@@ -148,46 +142,26 @@ class Board:
     def state(self, run: str, after: int = -1) -> dict[str, Any] | None:
         """A run now: its version, forwards, times, rate, last loss, and the losses of
         the forwards after ``after``. None for a run the store does not hold."""
-        version = self.following.follow(run)
-        if version is None:
+        if self.following.follow(run) is None:
             return None
-        found = run_of(self.following, run)
-        losses = self._curve(run, version)
-        points = sorted((i, v) for i, v in losses.items() if i > after and v is not None)
-        bounds = self.following.bound(f"run/{run}")
-        whens = sorted(b.when for b in bounds)[-RATE_OVER:]
-        rate = (len(whens) - 1) / (whens[-1] - whens[0]) if len(whens) > 1 and whens[-1] > whens[0] else None
+        row = self._row(run)
+        version = row.shape.update(self.following)
+        shape = row.shape.run_now()
+        losses = self._losses_of(run)
+        points = losses.after(after)
         now = time.time()
-        loss = points[-1][1] if points else next(
-            (losses[i] for i in sorted(losses, reverse=True) if losses[i] is not None), None)
-        return {"run": run, "version": version, "forwards": found.forwards, "first": found.first,
-                "last": found.last, "ago": max(0.0, now - found.last),
-                "live": now - found.last < LIVE_FOR, "rate": rate, "loss": _said(loss),
-                "points": [[i, finite(v)] for i, v in points]}
+        return {"run": run, "version": version, "forwards": shape.forwards, "first": shape.first,
+                "last": shape.last, "ago": max(0.0, now - shape.last),
+                "live": now - shape.last < LIVE_FOR, "rate": row.shape.rate(RATE_OVER),
+                "loss": _said(losses.last()), "points": [[i, finite(v)] for i, v in points]}
 
-    def _curve(self, run: str, version: int) -> dict[int, float | None]:
-        """``{forward: loss}`` of a run (None where a forward said none), as of ``version``."""
+    def _losses_of(self, run: str) -> Losses:
         with self._lock:
-            curve = self._curves.setdefault(run, _Curve())
-        with curve.lock:
-            if curve.version != version:
-                self._read_curve(run, curve)
-                curve.version = version
-            return dict(curve.values)
-
-    def _read_curve(self, run: str, curve: _Curve) -> None:
-        for bound in self.following.bound(f"run/{run}"):
-            index = int(bound.name.rsplit("/", 1)[1])
-            if curve.digests.get(index) == bound.digest:
-                continue
-            if "loss" in bound.meta:  # summarised: the name says it, no record opened
-                value = bound.meta["loss"]
-                value = value.get("value") if isinstance(value, dict) else value
-            else:
-                value = _last_loss(facts(self.following, run, index))
-            number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-            curve.values[index] = float(number) if number is not None else None
-            curve.digests[index] = bound.digest
+            losses = self._losses.get(run)
+            if losses is None:
+                losses = self._losses[run] = Losses(run)
+        losses.update(self.following)
+        return losses
 
     def sections(self, run: str) -> tuple[int, str] | None:
         """``(version, JSON)`` of the run's sections, drawn again if due; None for a run
@@ -203,7 +177,7 @@ class Board:
             try:
                 if drawn.version != version:
                     began = time.monotonic()
-                    losses = any(v is not None for v in self._curve(run, version).values())
+                    losses = self._losses_of(run).any()
                     drawn.text = json.dumps(
                         {"version": version, "sections": draw(self.following, run, losses=losses)},
                         allow_nan=False, separators=(",", ":"))

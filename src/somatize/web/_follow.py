@@ -42,12 +42,13 @@ def _forward(name: str) -> tuple[str, int] | None:
 class _Run:
     """What has been read of one run: its forwards' bindings, by index."""
 
-    __slots__ = ("bounds", "followed_at", "last", "listing", "lock", "version")
+    __slots__ = ("bounds", "followed_at", "last", "listing", "lock", "log", "version")
 
     def __init__(self) -> None:
         self.bounds: dict[int, Any] = {}
         self.last = -1  # the highest index read
         self.version = 0  # counts the changes, so a reader can tell that nothing moved
+        self.log: list[int] = []  # the index each change was to: change v is log[v - 1]
         self.listing: list[Any] | None = None  # the bindings sorted by name, as Store.bound answers
         self.followed_at = 0.0
         self.lock = threading.Lock()  # one look at the newest names at a time
@@ -59,6 +60,7 @@ class _Run:
         self.bounds[index] = bound
         self.last = max(self.last, index)
         self.version += 1
+        self.log.append(index)
         self.listing = None
         return True
 
@@ -145,6 +147,17 @@ class Following:
         """How often what was read of ``run`` changed; None for a run not seen."""
         found = self._known(run)
         return None if found is None else found.version
+
+    def changed(self, run: str, since: int) -> tuple[int, list[tuple[int, Any]]]:
+        """``(version, [(index, Bound), ...])``: the run's version now and the forwards
+        bound, or bound again, after version ``since``, in forward order. So a reader
+        that keeps up pays for what changed, not for the run's length."""
+        found = self._known(run)
+        if found is None:
+            return 0, []
+        with self._lock:
+            indices = sorted(set(found.log[max(since, 0):]))
+            return found.version, [(index, found.bounds[index]) for index in indices]
 
     def scan(self, *, force: bool = False) -> bool:
         """Lists every run's names again if a scan is due (or ``force``); answers
