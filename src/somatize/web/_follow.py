@@ -55,7 +55,7 @@ class _Run:
 
     def take(self, index: int, bound: Any) -> bool:
         had = self.bounds.get(index)
-        if had is not None and (had.digest == bound.digest or had.when > bound.when):
+        if had is not None and (had == bound or had.when > bound.when):  # meta may change alone
             return False
         self.bounds[index] = bound
         self.last = max(self.last, index)
