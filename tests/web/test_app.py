@@ -22,7 +22,7 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("plotly")
 
 DYING = {"body": {"act_zero": 1.0, "grad_norm": 1.0}, "head": {"grad_norm": 1.0}}
-ODD = "a<b>&'c\" d"  # a run name a page must escape and a URL must quote
+ODD = "a<b>&'c\" d{{plotly}}"  # a run name a page must escape and a URL must quote
 
 
 class Step(Node):
@@ -91,7 +91,8 @@ def test_the_pages_escape_what_they_show(site):
     url, *_ = site
     page = client().get(f"{url}/run/{quote(ODD, safe='')}")
     assert page.status_code == 200 and ODD not in page.text
-    assert "a&lt;b&gt;&amp;&#x27;c&quot; d" in page.text
+    assert "a&lt;b&gt;&amp;&#x27;c&quot; d{{plotly}}" in page.text
+    assert page.text.count("plotly.js") == 1  # the slot in the name stayed text
     front = client().get(url + "/").text
     assert 'data-page="runs"' in front and "plotly.js" not in front  # the list draws nothing
 

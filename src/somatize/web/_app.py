@@ -14,6 +14,7 @@ from __future__ import annotations
 import html
 import ipaddress
 import json
+import re
 import socket
 from importlib import resources
 from typing import Any
@@ -22,7 +23,8 @@ from anyio import sleep
 from anyio.to_thread import run_sync
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import (HTMLResponse, JSONResponse, PlainTextResponse, Response,
+                                 StreamingResponse)
 from starlette.routing import Route
 
 from ._board import Board, finite
@@ -52,7 +54,8 @@ def check_host(host: str, public: bool) -> None:
         raise PermissionError(
             f"{host} is not a loopback address, and the page has no login: anyone who can "
             "reach it reads every run in the store. Pass --public (public=True) to serve it "
-            f"there anyway, or keep it on 127.0.0.1 and tunnel to it: ssh -L {PORT}:127.0.0.1:{PORT} HOST")
+            f"there anyway, or keep it on 127.0.0.1 and tunnel to it: "
+            f"ssh -L {PORT}:127.0.0.1:{PORT} HOST")
 
 
 class _LocalOnly:
@@ -95,13 +98,15 @@ class _Assets:
 
 
 _TYPES = {"js": "text/javascript; charset=utf-8", "css": "text/css; charset=utf-8"}
+_SLOT = re.compile(r"\{\{(title|kind|where|run|plotly)\}\}")
 
 
 def _page(kind: str, title: str, where: str, run: str = "") -> HTMLResponse:
-    shell = _asset("page.html").decode()
-    filled = (shell.replace("{{title}}", html.escape(title)).replace("{{kind}}", kind)
-              .replace("{{where}}", html.escape(where)).replace("{{run}}", html.escape(run, quote=True))
-              .replace("{{plotly}}", "<script src='/static/plotly.js'></script>" if kind == "run" else ""))
+    filling = {"title": html.escape(title), "kind": kind, "where": html.escape(where),
+               "run": html.escape(run, quote=True),
+               "plotly": "<script src='/static/plotly.js'></script>" if kind == "run" else ""}
+    # One pass, so a run named like a slot ('{{plotly}}') is text, never a second slot.
+    filled = _SLOT.sub(lambda slot: filling[slot.group(1)], _asset("page.html").decode())
     return HTMLResponse(filled, headers={"Cache-Control": "no-store"})
 
 
