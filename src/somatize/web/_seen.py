@@ -48,14 +48,22 @@ class Shape(_Kept):
         super().__init__(run)
         self.indices: list[int] = []  # every forward read, in order
         self.whens: dict[int, float] = {}
+        self.first = self.last = math.nan  # when the first and the last forward were bound
         self.latest: dict[str, tuple[int, Any]] = {}  # key -> (forward, value): the last said
 
     def took(self, following: Following, changes: list[tuple[int, Any]]) -> None:
         again = False
         for index, bound in changes:
-            if index not in self.whens:
+            was = self.whens.get(index)
+            if was is None:
                 bisect.insort(self.indices, index)
             self.whens[index] = bound.when
+            if was is not None and was == self.first:  # the earliest moved: find the next
+                self.first = min(self.whens.values())
+            elif not bound.when >= self.first:  # also when first is still NaN
+                self.first = bound.when
+            if not bound.when <= self.last:
+                self.last = bound.when
             again |= self._summarise(index, bound.meta)
         if again:  # a forward bound again no longer says what was the latest: count afresh
             self.latest = {}
@@ -74,10 +82,9 @@ class Shape(_Kept):
         return again
 
     def run_now(self) -> Run:
-        whens = self.whens.values()
-        return Run(self.run, len(self.indices), min(whens, default=math.nan),
-                   max(whens, default=math.nan),
-                   {key: value for key, (_, value) in self.latest.items()})
+        with self.lock:
+            return Run(self.run, len(self.indices), self.first, self.last,
+                       {key: value for key, (_, value) in self.latest.items()})
 
     def rate(self, over: int) -> float | None:
         """Forwards a second over the last ``over``, by when they were bound."""
