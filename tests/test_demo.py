@@ -25,6 +25,7 @@ def test_the_demo_trains_records_audits_and_reports(tmp_path):
     assert rows["encoder"] == ["16", "32"]  # 16 batches: run once each, then recalled
     assert rows["body"] == ["48", "0"] and rows["head"] == ["48", "0"]
     assert "findings:" in said or "finding:" in said
+    assert said.splitlines()[-1].endswith(f"somatize serve {tmp_path / 'store'}")  # where to look
     page = report.read_text()
     assert page.startswith("<!DOCTYPE html>") and "Health" in page and "The graph" in page
     assert "<script src=" not in page and len(page) > 1_000_000  # plotly is inside: offline

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-MODULES = ["somatize", "somatize.torch", "somatize.record", "somatize.health"]
+MODULES = ["somatize", "somatize.torch", "somatize.record", "somatize.health", "somatize.web"]
 
 
 def documented() -> dict[str, object]:
@@ -27,6 +27,7 @@ def documented() -> dict[str, object]:
 def test_every_public_name_is_documented(module):
     pytest.importorskip("torch")
     pytest.importorskip("plotly")
+    pytest.importorskip("starlette")  # somatize.web's page is among the documented
     there = importlib.import_module(module)
     objects = documented()
     missing = [name for name in there.__all__ if name != "__version__"

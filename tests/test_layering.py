@@ -1,12 +1,13 @@
-"""The core stands on the standard library alone: torch, plotly, boto3 and the wire's
-libraries are optional parts it never imports."""
+"""The core stands on the standard library alone: torch, plotly, boto3, the wire's
+libraries, the web page's and the trackers' are optional parts it never imports."""
 
 import subprocess
 import sys
 import textwrap
 
 BLOCKED = ["torch", "plotly", "boto3", "botocore", "msgpack", "cloudpickle", "safetensors",
-           "numpy", "tqdm", "somatize.torch", "somatize.wire", "somatize.viz"]
+           "numpy", "tqdm", "starlette", "uvicorn", "tensorboard", "mlflow", "somatize.torch",
+           "somatize.wire", "somatize.viz", "somatize.web"]
 
 
 def run_blocked(code: str) -> subprocess.CompletedProcess:
@@ -50,3 +51,45 @@ def test_importing_somatize_loads_only_the_core():
         print('ok')
     """)
     assert done.returncode == 0, done.stderr
+
+
+def test_the_record_and_health_read_without_the_web_or_the_trackers():
+    done = run_blocked("""
+        import somatize.record, somatize.health
+        from somatize.record import export_tensorboard, to_mlflow
+        loaded = sorted(m for m in sys.modules if m.split('.')[0] in
+                        ('starlette', 'uvicorn', 'tensorboard', 'mlflow')
+                        or m.startswith('somatize.web'))
+        assert not loaded, loaded
+        print('ok')
+    """)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
+
+
+def test_only_the_command_line_reaches_up_to_the_web_page():
+    """The page is a face: it reads record, health, viz and the store; none of them, nor
+    anything else below, imports it (the command line starts it)."""
+    import ast
+    from pathlib import Path
+
+    import somatize
+
+    root = Path(somatize.__file__).parent
+    reaching = []
+    for path in root.rglob("*.py"):
+        if path.relative_to(root).parts[0] in ("web", "cli.py"):
+            continue
+        package = ".".join(("somatize",) + path.relative_to(root).parent.parts)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                module = f"{base}.{node.module or ''}" if node.level else node.module or ""
+                names = [module] + [f"{module}.{alias.name}" for alias in node.names]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            if any(name == "somatize.web" or name.startswith("somatize.web.") for name in names):
+                reaching.append(str(path.relative_to(root)))
+    assert not reaching, reaching

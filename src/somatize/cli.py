@@ -4,8 +4,14 @@
     somatize show STORE RUN [--forward N]    a run per node, or one forward's facts
     somatize report STORE RUN -o FILE.html   one HTML file that opens offline
     somatize health STORE RUN                what the audit's record says is unhealthy
+    somatize serve STORE [--port P]          a live page over a store, in a browser
+    somatize export tensorboard STORE RUN DIR            a run as TensorBoard event files
+    somatize export mlflow STORE RUN [--tracking-uri U]  a run as an MLflow run
     somatize worker ...                      a worker (python -m somatize.worker)
     somatize demo [--store DIR] [--steps N]  the whole job, in a minute
+
+``serve`` and ``export`` also read a store in a bucket: ``s3://BUCKET[/PREFIX]``, with
+``--endpoint URL`` (or ``AWS_ENDPOINT_URL``) and the usual AWS credential variables.
 
 A mistake (a store that is not there, an unknown run, a forward out of range) is one
 line on stderr and exit status 2; a traceback means a bug in somatize.
@@ -47,6 +53,8 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("store", metavar="STORE", help="the store's directory")
     report.add_argument("run", metavar="RUN", help="the run's name")
     report.add_argument("-o", "--output", metavar="FILE", help="where to write it (default: RUN.html)")
+    _serve_parser(commands)
+    _export_parser(commands)
     worker = commands.add_parser("worker", help="run a worker (the same as python -m somatize.worker)",
                                  add_help=False)
     worker.add_argument("rest", nargs=argparse.REMAINDER)
@@ -76,6 +84,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             _print(_show(_store(arguments.store), arguments.run, arguments.forward))
         elif arguments.command == "report":
             _report(_store(arguments.store), arguments.run, arguments.output)
+        elif arguments.command == "serve":
+            _serve(arguments)
+        elif arguments.command == "export":
+            _export(arguments)
+    except KeyboardInterrupt:  # Ctrl-C is how a served page is stopped
+        return 0
     except (Refused, SomaError, OSError, ImportError) as exc:
         print(f"somatize {arguments.command}: {exc}", file=sys.stderr)
         return USAGE_ERROR
@@ -211,6 +225,94 @@ def _report(store: Any, run: str, output: str | None) -> None:
         raise Refused(f"cannot write {target}: {folder} is not a directory")
     written = report(store, run, target)
     print(f"wrote {written} ({os.path.getsize(written) // 1024} KiB; opens offline)")
+
+
+# -- serve and export ---------------------------------------------------------------------
+def _where_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("store", metavar="STORE",
+                        help="the store's directory, or s3://BUCKET[/PREFIX] for a bucket")
+    parser.add_argument("--endpoint", metavar="URL",
+                        help="the S3 endpoint of an s3:// store (default: $AWS_ENDPOINT_URL, "
+                             "else AWS in --region)")
+    parser.add_argument("--region", default=None, metavar="REGION",
+                        help="the bucket's region (default: $AWS_REGION, else us-east-1)")
+
+
+def _serve_parser(commands: Any) -> None:
+    serve = commands.add_parser("serve", help="a live, read-only page over a store, in a browser")
+    _where_arguments(serve)
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="the address to listen on (default 127.0.0.1: this machine only)")
+    serve.add_argument("--port", type=int, default=8765, help="the port (default 8765; 0: any free one)")
+    serve.add_argument("--public", action="store_true",
+                       help="allow an address other than loopback (the page has no login)")
+
+
+def _export_parser(commands: Any) -> None:
+    export = commands.add_parser("export", help="a run into TensorBoard or MLflow")
+    trackers = export.add_subparsers(dest="tracker", metavar="TRACKER", required=True)
+    tensorboard = trackers.add_parser("tensorboard", help="event files for tensorboard --logdir DIR")
+    _where_arguments(tensorboard)
+    tensorboard.add_argument("run", metavar="RUN", help="the run's name (see: somatize runs STORE)")
+    tensorboard.add_argument("directory", metavar="DIR", help="the log directory (the run goes in DIR/RUN)")
+    mlflow = trackers.add_parser("mlflow", help="a new MLflow run")
+    _where_arguments(mlflow)
+    mlflow.add_argument("run", metavar="RUN", help="the run's name (see: somatize runs STORE)")
+    mlflow.add_argument("--tracking-uri", metavar="URI",
+                        help="MLflow's tracking URI (default: $MLFLOW_TRACKING_URI, else MLflow's own)")
+    mlflow.add_argument("--experiment", default="somatize", help="the MLflow experiment (default somatize)")
+
+
+def _reading(arguments: argparse.Namespace) -> Any:
+    """The store named on the command line, opened to be read: a directory that is a
+    store, or a bucket, opened without the write that checks conditional writes."""
+    where = arguments.store
+    if not where.startswith("s3://"):
+        if arguments.endpoint:
+            raise Refused(f"--endpoint is for an s3:// store, and {where} is a directory")
+        return _store(where)
+    bucket, _, prefix = where.removeprefix("s3://").partition("/")
+    if not bucket:
+        raise Refused(f"{where} names no bucket: write s3://BUCKET or s3://BUCKET/PREFIX")
+    from .store import Store
+    from .store.bucket import BucketBackend
+
+    region = arguments.region or os.environ.get("AWS_REGION") or "us-east-1"
+    endpoint = arguments.endpoint or os.environ.get("AWS_ENDPOINT_URL")
+    hosted = endpoint is None  # AWS itself prefers the bucket in the host name
+    endpoint = endpoint or f"https://s3.{region}.amazonaws.com"
+    return Store.over(BucketBackend(endpoint, bucket, region=region, hosted=hosted,
+                                    prefix=prefix.strip("/")))
+
+
+def _serve(arguments: argparse.Namespace) -> None:
+    try:
+        from .web import serve
+    except ImportError as exc:
+        raise Refused(str(exc)) from None
+    serve(_reading(arguments), host=arguments.host, port=arguments.port, public=arguments.public)
+
+
+def _export(arguments: argparse.Namespace) -> None:
+    store = _reading(arguments)
+    if arguments.tracker == "tensorboard":
+        from .record import export_tensorboard
+
+        folder = export_tensorboard(store, arguments.run, arguments.directory)
+        print(f"wrote run {arguments.run} to {folder}; see it with: tensorboard --logdir "
+              f"{arguments.directory}")
+    else:
+        from .record import export_mlflow
+
+        try:
+            logged = export_mlflow(store, arguments.run, tracking_uri=arguments.tracking_uri,
+                                   experiment=arguments.experiment)
+        except Exception as exc:  # MLflow's own errors are one line here, like ours
+            if not type(exc).__module__.startswith("mlflow"):
+                raise
+            raise Refused(f"MLflow refused it: {exc}") from None
+        print(f"logged run {arguments.run} as MLflow run {logged} in experiment "
+              f"{arguments.experiment!r}")
 
 
 # -- demo ---------------------------------------------------------------------------------

@@ -1,10 +1,13 @@
 """What happened, written down and read back: the Recorder, the views over a run,
-and its figures.
+its figures, and the trackers it can be sent to.
 
 A Recorder is a watcher that binds one record per forward as ``run/{run}/{i}``;
 ``facts``, ``forwards``, ``nodes``, ``curve`` and ``runs`` read them back, and
 ``progress``, ``spent`` and ``report`` draw them (with plotly, imported only when
-something is drawn). ``Live`` shows a run while it happens.
+something is drawn). ``Live`` shows a run while it happens. ``export_tensorboard``
+and ``export_mlflow`` copy a run into those trackers, and ``to_tensorboard`` and
+``to_mlflow`` stream one there as it trains (each with its tracker's own library,
+imported only when asked for: the ``trackers`` extra).
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from ._live import Live
 from ._read import Run, curve, facts, forwards, nodes, runs
 from ._recorder import FORMAT, Recorder
 from ._report import report
+from ._trackers import Streaming, export_mlflow, export_tensorboard, to_mlflow, to_tensorboard
 
-__all__ = ["FORMAT", "Live", "Recorder", "Run", "curve", "facts", "forwards", "nodes",
-           "progress", "report", "runs", "spent"]
+__all__ = ["FORMAT", "Live", "Recorder", "Run", "Streaming", "curve", "export_mlflow",
+           "export_tensorboard", "facts", "forwards", "nodes", "progress", "report", "runs",
+           "spent", "to_mlflow", "to_tensorboard"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 import time
 from typing import Any
@@ -158,6 +159,7 @@ def report(store: Store, run: str, history: list[float], inside: Any, path: str,
     record.report(store, run, path, sections=[_progress, _health, drawing(g, inside), _spent])
     say(f"report: {os.path.abspath(path)} (opens offline)   done in {took:.0f} s")
     say(f"the worker's log: {os.path.join(os.path.abspath(store.where), 'worker.log')}")
+    say(f"to look at it in a browser: somatize serve {shlex.quote(os.path.abspath(store.where))}")
 
 
 def _mean(values: list[float]) -> float:
