@@ -164,6 +164,15 @@ def test_every_finding_says_what_to_do_there():
         assert str(finding).endswith(finding.advice)
     [left] = findings_of(said(chain(12, body=sick["not_updating"], head=healthy)))
     assert "not in the optimizer" in left.advice and "freeze(g, 'body')" in left.advice
+    dead = lambda n: {**healthy(n), "act_zero": 1.0, "update_ratio": 0.0}  # noqa: E731
+    [dying, still] = findings_of(said(chain(12, body=dead, head=healthy)))
+    assert (dying.what, still.what, still.evidence["because"]) == ("dying", "not_updating",
+                                                                   "dying")
+    assert "its units are dead" in still.advice
+    cut = lambda n: {**healthy(n), "grad_norm": 0.0, "update_ratio": 0.0}  # noqa: E731
+    [still] = [f for f in findings_of(said(chain(12, body=cut, head=healthy)))
+               if f.what == "not_updating"]
+    assert "no gradient reaches them" in still.advice
 
 
 def test_the_runs_own_findings_come_after_the_nodes_and_colour_no_node():

@@ -58,6 +58,14 @@ def _saturated(where: str, node: str, evidence: dict[str, Any]) -> str:
 
 
 def _not_updating(where: str, node: str, evidence: dict[str, Any]) -> str:
+    if evidence.get("because") == "dying":
+        return (f"Nothing moves {where}'s weights because its units are dead and pass no "
+                f"gradient back to them: mend its dying first (re-initialise it, lower the "
+                f"learning rate, or use LeakyReLU).")
+    if evidence.get("because") == "no gradient":
+        return (f"Nothing moves {where}'s weights because no gradient reaches them: mend "
+                f"what stops it between {where} and the loss (a dying or vanishing layer, "
+                f"an output detached), or freeze(g, {node!r}) if it is meant to stay.")
     return (f"Nothing moves {where}'s weights: this node is not in the optimizer, or its "
             f"param group's learning rate is 0 — give it parameters(g) with a learning rate "
             f"above 0, or freeze(g, {node!r}) if it is meant to stay as it is.")

@@ -169,6 +169,8 @@ def _found(where: str, measures: dict[str, list[tuple[int, Any]]],
     def before(series: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
         return [(s, v) for s, v in series if broken is None or s < broken]
 
+    said_here: list[Finding] = []
+
     def streak(what: str, measure: str, rule: str, series: list[tuple[int, Any]],
                threshold: float) -> Finding | None:
         return _streak(make, what, measure, rule, before(series), threshold, window)
@@ -177,7 +179,11 @@ def _found(where: str, measures: dict[str, list[tuple[int, Any]]],
               ("not_updating", "update_ratio", "<"))
     for what, measure, rule in simple:
         finding = streak(what, measure, rule, measures.get(measure, []), limits[what])
+        if finding is not None and what == "not_updating":
+            finding = _why_still(make, finding, before(measures.get("grad_norm", [])),
+                                 dying=any(f.what == "dying" for f in said_here))
         if finding is not None:
+            said_here.append(finding)
             yield finding
     finding = streak("dead_channels", "dead_channels / channels", ">=",
                      _dead_share(measures), limits["dead_channels"])
@@ -228,6 +234,18 @@ def _streak(make: Callable[..., Finding], what: str, measure: str, rule: str,
         else:
             start = None
     return None
+
+
+def _why_still(make: Callable[..., Finding], finding: Finding,
+               gradients: list[tuple[int, Any]], dying: bool) -> Finding:
+    """Weights that do not move were left out of the optimizer, or get no gradient: a
+    where whose units are dead, or to which nothing came back, is the second. Said in
+    the evidence (``because``), so the advice points at the right one."""
+    got = [v for step, v in gradients if step >= finding.since and isinstance(v, (int, float))]
+    because = "dying" if dying else "no gradient" if got and max(got) == 0 else None
+    if because is None:
+        return finding
+    return make(finding.what, finding.since, {**finding.evidence, "because": because})
 
 
 def _dead_share(measures: dict[str, list[tuple[int, Any]]]) -> list[tuple[int, float]]:
