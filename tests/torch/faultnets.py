@@ -1,14 +1,14 @@
-"""The nets of the seeded-fault suite beyond multilayer perceptrons, and their data:
-a conv net, a recurrent net and a transformer block, all on scikit-learn's digits
-(1797 real 8x8 images, shipped with scikit-learn: no download).
+"""The nets of the seeded-fault suite and their data: multilayer perceptrons on a
+random teacher (issue 9's), and on scikit-learn's digits (1797 real 8x8 images,
+shipped with scikit-learn: no download) a conv net, a recurrent net and a
+transformer block.
 
 A conv net reads an image as (1, 8, 8); the recurrent net and the transformer read
-it as a sequence of its 8 rows of 8 pixels. Pixels are divided by 16, so a clean
-input lies in [0, 1]; the ``inputs_x255`` fault multiplies that by 255, as a net
-fed raw bytes would be.
+it as a sequence of its 8 rows of 8 pixels. Pixels are standardised (mean 0,
+standard deviation 1 over the set); the ``inputs_x255`` fault multiplies them by 255,
+as a net fed raw bytes would be.
 
-Every family answers ``(graph, optimizer, objective, batches, audit)`` for a seed;
-a fault is one change to its clean run.
+A run is a ``Seeded``; ``suites()`` answers each family's clean runs and faults.
 """
 
 from __future__ import annotations

@@ -75,13 +75,13 @@ def loss_findings(losses: list[Any], limits: dict[str, float], broken: int | Non
     judged = [(at, v) for at, v in steps if at < end]
     if len(judged) < _FEWEST:
         return found
+    start = statistics.median(v for _, v in judged[:3])  # before training has done much
+    if start <= 0:
+        return found
     width = min(int(limits["loss_window"]), len(judged))
-    start = statistics.median(v for _, v in judged[:3])
     windows = [_fitted(judged[i][0], [v for _, v in judged[i:i + width]])
                for i in range(len(judged) - width + 1)
                if all(v > 0 for _, v in judged[i:i + width])]
-    if start <= 0:
-        return found
     for what, reading in (("plateau", _plateau), ("diverging", _diverging),
                           ("oscillating", _oscillating)):
         finding = _held(what, windows, lambda w, r=reading: r(w, start, limits), make)
