@@ -47,8 +47,8 @@ class Dense(Node):
 
 
 class Out(Node):
-    def __init__(self, fan_in):
-        self.layer = torch.nn.Linear(fan_in, 1)
+    def __init__(self, fan_in, outputs=1):
+        self.layer = torch.nn.Linear(fan_in, outputs)
 
     def forward(self, x, ctx):
         return Opaque(self.layer(x))
@@ -86,8 +86,8 @@ recorder.close()
 print(f"loss {result.history[0]:.3f} -> {result.loss:.3f}")
 
 # %% [markdown]
-# The loss went down, a little: nothing failed. That is what makes this kind of fault
-# expensive — a net that trains, just worse than it should. The record says more:
+# Nothing failed: no error, no NaN, a loss at every step. That is what makes this kind
+# of fault expensive — a net that runs, and does not learn. The record says why:
 
 # %%
 at_the_end = seen(store, "seeded")
@@ -95,9 +95,14 @@ for where_, measures in at_the_end.items():
     print(f"{where_:4} zeros {measures.get('act_zero', float('nan')):.2f}   "
           f"grad_norm {measures.get('grad_norm', float('nan')):.2e}")
 
+# %% [markdown]
+# Each finding says where, what, since when, the numbers that made the rule say so —
+# and what to do about it there:
+
 # %%
 for finding in diagnose(store, "seeded"):
-    print(finding)
+    print(f"{finding.where} {finding.what} since step {finding.since}")
+    print(f"    {finding.advice}")
 
 # %% [markdown]
 # ## The same diagnosis, from the store alone
@@ -122,6 +127,31 @@ print(elsewhere.stdout or elsewhere.stderr)
 here = [(f.where, f.what, f.since) for f in diagnose(store, "seeded")]
 print("same findings:", [line.split() for line in elsewhere.stdout.splitlines()]
       == [[w, k, str(s)] for w, k, s in here])
+
+# %% [markdown]
+# ## The run's own symptoms
+#
+# Some faults live in no layer. Here the same kind of net learns three classes whose
+# labels were shuffled: every layer is healthy, and the loss has nothing to learn. The
+# run-level rules read the loss the Trainer recorded, against its own noise, and say
+# so at `where="loss"`.
+
+# %%
+torch.manual_seed(0)
+classifier = Graph.somatize(Dense(8, 32).named("l1") >> Dense(32, 32).named("l2")
+                            >> Out(32, outputs=3).named("out"))
+shuffled = [(x, torch.randint(0, 3, (32,), generator=generator)) for x, _ in batches]
+recorder = Recorder(store, run="shuffled", summarising=["loss"])
+trainer = Trainer(classifier, objective=torch.nn.functional.cross_entropy,
+                  optimizer=torch.optim.Adam(parameters(classifier), lr=1e-2),
+                  watching=recorder, auditing=True)
+result = trainer.fit(shuffled)
+trainer.close()
+recorder.close()
+print(f"loss {result.history[0]:.3f} -> {result.loss:.3f}")
+for finding in diagnose(store, "shuffled"):
+    print(f"{finding.where} {finding.what} since step {finding.since}")
+    print(f"    {finding.advice}")
 
 # %% [markdown]
 # ## Drawn: the graph, with what was found laid over it

@@ -51,3 +51,6 @@ def test_the_health_notebook(tmp_path, monkeypatch):
     assert "l2 dying 1" in printed  # found from the store alone, in another process
     assert "same findings: True" in printed
     assert "'l2': ['dying'" in printed
+    assert "Most of what l2 produces is exactly 0" in printed  # each finding with its advice
+    assert "loss plateau since step 1" in printed  # the run's own symptom: shuffled labels
+    assert "= ln 3, a uniform guess over 3 classes" in printed

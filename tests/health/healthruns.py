@@ -10,15 +10,15 @@ class Step(Node):
         return x + 1
 
 
-def recorded(store, run, steps, *, summarising=None, every=1):
-    """One forward per step; after each measured one (every ``every``), a ``health``
-    fact per where: ``steps`` is a list of ``{where: {measure: value}}``, one per step
-    (numbered from 1)."""
+def recorded(store, run, steps, *, summarising=None, every=1, loss=lambda n: 1.0 / n):
+    """One forward per step, and its ``loss(step)``; after each measured one (every
+    ``every``), a ``health`` fact per where: ``steps`` is a list of ``{where: {measure:
+    value}}``, one per step (numbered from 1)."""
     g = Graph.somatize(Step().named("step"))
     recorder = Recorder(store, run=run, summarising=summarising)
     for number, wheres in enumerate(steps, 1):
         g.forward(number, watching=recorder)
-        recorder({"fact": "loss", "value": 1.0 / number})
+        recorder({"fact": "loss", "value": loss(number)})
         if (number - 1) % every == 0:
             for where, measures in wheres.items():
                 recorder({"fact": "health", "where": where, "step": number, **measures})

@@ -20,10 +20,11 @@ def test_the_findings_are_a_table_of_where_what_since_and_evidence(tmp_path, cap
     recorded(store, "sick", chain(20, **{"body.net.1": dead, "body": fine, "head": fine}))
     assert command([str(tmp_path), "sick"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == "run sick: 20 measured steps of 3 wheres"
+    assert out[0] == "run sick: 20 measured steps of 3 wheres, 20 losses"
     assert out[2].split() == ["where", "what", "since", "evidence"]
     assert out[4].split()[:3] == ["body.net.1", "dying", "3"]
     assert "act_zero >= 0.9 for 18 steps" in out[4]
+    assert out[5].startswith("    advice: Most of what body.net.1 produces is exactly 0")
 
 
 def test_no_findings_is_said_and_a_threshold_can_be_moved(tmp_path, capsys):
@@ -34,8 +35,10 @@ def test_no_findings_is_said_and_a_threshold_can_be_moved(tmp_path, capsys):
     assert command([str(tmp_path), "well", "--threshold", "dying=0.4", "-t", "window=5"]) == 0
     out = capsys.readouterr().out
     assert "thresholds changed: dying=0.4, window=5" in out
-    assert [line.split()[:3] for line in out.splitlines()[4:]] == [["body", "dying", "1"],
-                                                                   ["head", "dying", "1"]]
+    rows = out.splitlines()[4:]
+    assert [line.split()[:3] for line in rows[::2]] == [["body", "dying", "1"],
+                                                        ["head", "dying", "1"]]
+    assert all(line.startswith("    advice: ") for line in rows[1::2])
 
 
 def test_a_run_that_was_not_audited_says_how_to_audit_it(tmp_path, capsys):
@@ -43,6 +46,16 @@ def test_a_run_that_was_not_audited_says_how_to_audit_it(tmp_path, capsys):
     recorded(store, "plain", [{}, {}])
     assert command([str(tmp_path), "plain"]) == 0
     assert "not audited" in capsys.readouterr().out
+
+
+def test_a_run_with_only_its_loss_is_judged_by_the_loss_and_says_so(tmp_path, capsys):
+    store = Store(str(tmp_path))
+    recorded(store, "flat", [{}] * 40, loss=lambda n: 1.386 + 0.01 * (n % 3))
+    assert command([str(tmp_path), "flat"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "40 losses and no health facts, so only the loss is judged" in out[0]
+    assert out[4].split()[:3] == ["loss", "plateau", "1"]
+    assert out[5].startswith("    advice: The loss sits at 1.4 = ln 4")
 
 
 def test_what_cannot_be_used_is_one_line_on_stderr_and_status_2(tmp_path, capsys):

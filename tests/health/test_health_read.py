@@ -5,6 +5,7 @@ from healthruns import chain, recorded
 
 from somatize import RecordError
 from somatize.health import history, seen
+from somatize.health._read import judged_facts
 from somatize.store import Store
 
 
@@ -60,6 +61,9 @@ def test_records_are_opened_once_and_not_at_all_where_the_names_say_nothing_is_t
     seen(store, "sparse")
     history(store, "sparse")
     assert Counting.gets == 4  # read once, kept by the records' digests
+    losses = [f["value"] for f in judged_facts(store, "sparse") if f["fact"] == "loss"]
+    assert losses == [1.0 / n for n in range(1, 41)]  # 36 of them from the names' meta
+    assert Counting.gets == 4
     recorded(store, "sparse", chain(1, body=measures), summarising=["loss", "health"])
     assert seen(store, "sparse")["body"]["act_mean"] == 1.0  # a new record is read
     assert Counting.gets == 5

@@ -103,7 +103,7 @@ def test_a_finding_is_frozen_plain_data_and_overlay_colours_the_node():
     with pytest.raises(dataclasses.FrozenInstanceError):
         finding.where = "head"
     assert finding.as_dict() == {"where": "body.net.0", "what": "dying", "since": 3,
-                                 "evidence": {"measure": "act_zero"}}
+                                 "evidence": {"measure": "act_zero"}, "advice": ""}
     findings = [finding, Finding("body", "dying", 5), Finding("body.net.2", "vanishing", 1),
                 Finding("head", "nonfinite", 9)]
     assert overlay(findings) == {"body": ["dying", "vanishing"], "head": ["nonfinite"]}
@@ -117,3 +117,68 @@ def test_diagnose_reads_the_same_from_a_store(tmp_path):
     recorded(store, "dead", chain(15, body=zeros, head=healthy))
     assert [(f.where, f.what) for f in diagnose(store, "dead")] == [("body", "dying")]
     assert diagnose(store, "dead", dying=1.01) == []
+
+
+def test_a_share_of_channels_dead_through_the_window_is_dead_channels_per_group_too():
+    dead = lambda n: {**healthy(n), "dead_channels": 3, "channels": 4}  # noqa: E731
+    few = lambda n: {**healthy(n), "dead_channels": 1, "channels": 4}  # noqa: E731
+    assert found(said(chain(12, conv=dead, other=few, head=healthy))) == [
+        ("conv", "dead_channels", 1)]
+    grouped = lambda n: {**healthy(n), "dead_channels": {"audio": 0, "text": 60},  # noqa: E731
+                         "channels": {"audio": 64, "text": 64}}
+    [finding] = findings_of(said(chain(12, conv=grouped, head=healthy)))
+    assert finding.what == "dead_channels" and finding.evidence["worst"] == pytest.approx(60 / 64)
+    assert "94% of conv's channels stayed 0" in finding.advice
+    untold = lambda n: {**healthy(n), "dead_channels": 3}  # noqa: E731 (a record from before)
+    assert found(said(chain(12, conv=untold, head=healthy))) == []
+
+
+def test_weights_that_multiply_away_from_the_loss_end_are_an_update_too_large():
+    def growing(n):  # Adam at a learning rate far too high: the weights pile up
+        return {**healthy(n), "weight_norm": 1.2 ** n, "update_ratio": 0.2,
+                "update_norm": 0.2 * 1.2 ** (n - 1)}
+    steady = lambda n: {**healthy(n), "weight_norm": 1.0, "update_ratio": 1e-3,  # noqa: E731
+                        "update_norm": 1e-3}
+    [finding] = findings_of(said(chain(20, body=growing, head=steady)))
+    assert (finding.where, finding.what, finding.since) == ("body", "update_too_large", 1)
+    assert finding.evidence["measure"] == "weight_norm growth a step"
+    assert finding.evidence["median"] == pytest.approx(0.2)
+    assert "multiply in size" in finding.advice and "holding body" in finding.advice
+    # where the loss enters, weights grow to the targets' scale: not a finding there
+    assert found(said(chain(20, body=steady, head=growing))) == []
+    assert found(said(chain(20, body=growing, head=steady)), weight_growth=0.3) == []
+
+
+def test_every_finding_says_what_to_do_there():
+    sick = {"dying": lambda n: {**healthy(n), "act_zero": 1.0},
+            "saturated": lambda n: {**healthy(n), "act_saturated": 0.9},
+            "not_updating": lambda n: {**healthy(n), "update_ratio": 0.0},
+            "update_too_large": lambda n: {**healthy(n), "update_ratio": 0.9},
+            "vanishing": lambda n: {**healthy(n), "grad_norm": 1e-6},
+            "exploding": lambda n: {**healthy(n), "grad_norm": 1e4},
+            "nonfinite": lambda n: {**healthy(n), "nonfinite": 2}}
+    for what, measures in sick.items():
+        [finding] = findings_of(said(chain(12, **{"body.net.0": measures, "head": healthy})))
+        assert (finding.where, finding.what) == ("body.net.0", what)
+        assert "body.net.0" in finding.advice and finding.advice.endswith("."), finding.advice
+        assert str(finding).endswith(finding.advice)
+    [left] = findings_of(said(chain(12, body=sick["not_updating"], head=healthy)))
+    assert "not in the optimizer" in left.advice and "freeze(g, 'body')" in left.advice
+    dead = lambda n: {**healthy(n), "act_zero": 1.0, "update_ratio": 0.0}  # noqa: E731
+    [dying, still] = findings_of(said(chain(12, body=dead, head=healthy)))
+    assert (dying.what, still.what, still.evidence["because"]) == ("dying", "not_updating",
+                                                                   "dying")
+    assert "its units are dead" in still.advice
+    cut = lambda n: {**healthy(n), "grad_norm": 0.0, "update_ratio": 0.0}  # noqa: E731
+    [still] = [f for f in findings_of(said(chain(12, body=cut, head=healthy)))
+               if f.what == "not_updating"]
+    assert "no gradient reaches them" in still.advice
+
+
+def test_the_runs_own_findings_come_after_the_nodes_and_colour_no_node():
+    facts = said(chain(40, body=lambda n: {**healthy(n), "act_zero": 1.0}, head=healthy))
+    facts += [{"fact": "loss", "value": math.log(4)} for _ in range(40)]
+    findings = findings_of(facts)
+    assert [(f.where, f.what, f.since) for f in findings] == [("body", "dying", 1),
+                                                              ("loss", "plateau", 1)]
+    assert overlay(findings) == {"body": ["dying"]}

@@ -75,7 +75,8 @@ def test_one_step_measured_is_what_plain_torch_computes():
     expected = {**stats(hidden), **grad_stats(hidden.grad), "nonfinite": 0,
                 "weight_norm": math.sqrt(sum(p.norm().item() ** 2 for p in after)),
                 "update_ratio": math.sqrt(sum((a - b).norm().item() ** 2 for a, b in zip(after, before)))
-                / math.sqrt(sum(b.norm().item() ** 2 for b in before))}
+                / math.sqrt(sum(b.norm().item() ** 2 for b in before)),
+                "update_norm": math.sqrt(sum((a - b).norm().item() ** 2 for a, b in zip(after, before)))}
     for name, value in expected.items():
         assert said["body"][name] == pytest.approx(value, **APPROX), name
     assert said["body"]["step"] == 1
@@ -231,6 +232,135 @@ def test_saturation_is_read_off_the_function_that_made_the_output(how, low, high
     assert "act_saturated" not in health(seen, where="mean")[0]
 
 
+def at_bounds(t, low=-1.0, high=1.0):
+    """The share of ``t`` within 1% of the range from either bound, as torch counts it."""
+    margin = 0.01 * (high - low)
+    return ((t <= low + margin) | (t >= high - margin)).double().mean().item()
+
+
+class Recur(Node):
+    """A recurrent layer over x (N, 8) read as 8 steps of 1, inputs x 100 so that some
+    of its states saturate; answers ``pick`` of what the layer answered."""
+
+    scale = 100.0
+
+    def __init__(self, layer, pick):
+        self.rnn = layer
+        self.pick = pick
+
+    def forward(self, x, ctx):
+        return Opaque(self.pick(self.rnn(x.reshape(-1, 8, 1) * self.scale)))
+
+    def parameters(self):
+        return list(self.rnn.parameters())
+
+
+RECURRENT = {
+    "gru h_n[-1]": (lambda: torch.nn.GRU(1, 6, batch_first=True), lambda o: o[1][-1], True),
+    "gru (out, h_n)": (lambda: torch.nn.GRU(1, 6, batch_first=True), lambda o: o, True),
+    "lstm out[:, -1]": (lambda: torch.nn.LSTM(1, 6, batch_first=True), lambda o: o[0][:, -1], True),
+    "lstm h_n[-1]": (lambda: torch.nn.LSTM(1, 6, batch_first=True), lambda o: o[1][0][-1], True),
+    "lstm c_n[-1]": (lambda: torch.nn.LSTM(1, 6, batch_first=True), lambda o: o[1][1][-1], False),
+    "projected lstm": (lambda: torch.nn.LSTM(1, 6, batch_first=True, proj_size=3),
+                       lambda o: o[1][0][-1], False),
+    "tanh rnn": (lambda: torch.nn.RNN(1, 6, batch_first=True), lambda o: o[1][-1], True),
+    "relu rnn": (lambda: torch.nn.RNN(1, 6, batch_first=True, nonlinearity="relu"),
+                 lambda o: o[1][-1], False),
+}
+
+
+class Tail(Node):
+    """Whatever comes in, one number per row: a loss can be taken of it."""
+
+    def forward(self, x, ctx):
+        parts = x if isinstance(x, tuple) else (x,)
+        return Opaque(sum(p.flatten(1).mean(dim=1, keepdim=True) for p in parts))
+
+
+@pytest.mark.filterwarnings("ignore:LSTM with projections")
+@pytest.mark.parametrize("case", RECURRENT)
+def test_a_recurrent_layers_hidden_states_are_bounded_and_an_lstms_cell_state_is_not(case):
+    make, pick, bounded = RECURRENT[case]
+    torch.manual_seed(0)
+    node = Recur(make(), pick)
+    g = Graph.somatize(node.named("rec") >> Tail().named("tail"))
+    x, y = batches(1)[0]
+    with torch.no_grad():
+        answered = pick(node.rnn(x.reshape(-1, 8, 1) * node.scale))
+    parts = answered if isinstance(answered, tuple) else (answered,)
+    share = sum(at_bounds(p) * p.numel() for p in parts) / sum(p.numel() for p in parts)
+    trainer, seen = audited(g)
+    trainer.step((x, y))
+    said = health(seen, where="rec")[0]
+    if bounded:
+        assert 0.0 < share < 1.0  # the case says something
+        assert said["act_saturated"] == pytest.approx(share)
+    else:
+        assert "act_saturated" not in said
+
+
+class Module(Node):
+    """A Linear, times ``scale``, then ``act`` (a module, or a function)."""
+
+    def __init__(self, act, scale=4.0):
+        self.layer = torch.nn.Linear(8, 6)
+        self.act = act
+        self.scale = scale
+
+    def forward(self, x, ctx):
+        return Opaque(self.act(self.layer(x) * self.scale))
+
+    def parameters(self):
+        return list(self.layer.parameters())
+
+
+def gate_share(node, x):
+    """The share of a GLU's gate within 1% of 0 or 1."""
+    with torch.no_grad():
+        gate = (node.layer(x) * 4).chunk(2, dim=-1)[1]
+    return at_bounds(torch.sigmoid(gate), 0.0, 1.0)
+
+
+@pytest.mark.parametrize("make, expected", [
+    (lambda: Module(torch.nn.Softsign(), scale=100.0),
+     lambda n, x: at_bounds(n.act(n.layer(x) * 100))),
+    (lambda: Module(torch.nn.Hardtanh(-0.5, 0.5)),
+     lambda n, x: at_bounds(n.act(n.layer(x) * 4), -0.5, 0.5)),
+    (lambda: Module(lambda t: t.clamp(-1.0, 2.0)),
+     lambda n, x: at_bounds((n.layer(x) * 4).clamp(-1.0, 2.0), -1.0, 2.0)),
+    (lambda: Module(torch.nn.GLU()), gate_share),
+    (lambda: Module(F.glu), gate_share),
+    (lambda: Module(lambda t: torch.sigmoid(t)[:, :4]),
+     lambda n, x: at_bounds(torch.sigmoid(n.layer(x) * 4)[:, :4], 0.0, 1.0)),
+])
+def test_saturation_is_read_wherever_the_output_is_bounded(make, expected):
+    torch.manual_seed(0)
+    node = make()
+    g = Graph.somatize(node.named("squash") >> Tail().named("tail"))
+    x, y = batches(1)[0]
+    with torch.no_grad():
+        share = expected(node, x)
+    assert 0.0 < share < 1.0
+    trainer, seen = audited(g)
+    trainer.step((x, y))
+    assert health(seen, where="squash")[0]["act_saturated"] == pytest.approx(share)
+    assert "act_saturated" not in health(seen, where="tail")[0]
+
+
+def test_a_recurrent_module_watched_inside_a_node_is_bounded_by_its_own_states():
+    torch.manual_seed(0)
+    node = Recur(torch.nn.GRU(1, 6, batch_first=True), lambda o: o[1][-1] @ torch.ones(6, 3))
+    g = Graph.somatize(node.named("rec") >> Tail().named("tail"))
+    x, y = batches(1)[0]
+    with torch.no_grad():
+        out, h = node.rnn(x.reshape(-1, 8, 1) * node.scale)
+    share = (at_bounds(out) * out.numel() + at_bounds(h) * h.numel()) / (out.numel() + h.numel())
+    trainer, seen = audited(g, auditing=Audit(inside=["rec.rnn"]))
+    trainer.step((x, y))
+    assert "act_saturated" not in health(seen, where="rec")[0]  # a linear map of the state
+    assert health(seen, where="rec.rnn")[0]["act_saturated"] == pytest.approx(share)
+
+
 class Channels(Node):
     """A 4-channel (N, C, L) output whose first ``dead`` channels are always zero."""
 
@@ -259,6 +389,7 @@ def test_dead_channels_are_those_zero_through_the_whole_window_per_group_too():
         trainer.step(batch)
     conv = [f.get("dead_channels") for f in health(seen, where="conv")]
     assert conv == [None, None, {"low": 2, "high": 1}, {"low": 2, "high": 1}]
+    assert health(seen, where="conv")[-1]["channels"] == {"low": 2, "high": 2}  # out of
     assert all("dead_channels" not in f for f in health(seen, where="flat"))  # not tracked
 
     g2 = Graph.somatize(Channels(dead=1).named("conv") >> Flat().named("flat"))
@@ -266,6 +397,7 @@ def test_dead_channels_are_those_zero_through_the_whole_window_per_group_too():
     for batch in batches(2):
         trainer2.step(batch)
     assert [f.get("dead_channels") for f in health(seen2, where="conv")] == [None, 1]
+    assert health(seen2, where="conv")[-1]["channels"] == 4
 
 
 def test_a_group_naming_a_channel_that_is_not_there_is_refused_saying_how_many_there_are():

@@ -9,7 +9,7 @@ from typing import Any
 
 from .._errors import SomaError
 from ..cli import Refused, _store, table
-from ._read import health_facts
+from ._read import judged_facts
 from ._rules import DEFAULTS, _thresholds, findings_of, said
 
 __all__ = ["command"]
@@ -38,7 +38,7 @@ def command(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else USAGE_ERROR
     try:
         thresholds = _thresholds(_parsed(arguments.threshold))
-        facts = health_facts(_store(arguments.store), arguments.run)
+        facts = judged_facts(_store(arguments.store), arguments.run)
     except (Refused, SomaError, OSError, ValueError, TypeError) as exc:
         print(f"somatize health: {exc}", file=sys.stderr)
         return USAGE_ERROR
@@ -62,20 +62,29 @@ def _parsed(pairs: list[str]) -> dict[str, float]:
 
 
 def _lines(run: str, facts: list[dict[str, Any]], thresholds: dict[str, float]) -> list[str]:
+    health = [fact for fact in facts if fact["fact"] == "health"]
+    losses = len(facts) - len(health)
+    not_audited = ("it was not audited (train it with Trainer(..., auditing=True) and a "
+                   "Recorder)")
     if not facts:
-        return [(f"run {run} has no health facts: it was not audited (train it with "
-                 "Trainer(..., auditing=True) and a Recorder)")]
-    steps = len({fact["step"] for fact in facts})
-    wheres = len({fact["where"] for fact in facts})
+        return [f"run {run} has no health facts: {not_audited}"]
+    if health:
+        head = (f"run {run}: {len({f['step'] for f in health})} measured steps of "
+                f"{len({f['where'] for f in health})} wheres, {losses} losses")
+    else:
+        head = f"run {run}: {losses} losses and no health facts, so only the loss is judged: {not_audited}"
     changed = {k: v for k, v in thresholds.items() if v != DEFAULTS[k]}
-    head = (f"run {run}: {steps} measured steps of {wheres} wheres"
-            + (f"; thresholds changed: {', '.join(f'{k}={v:g}' for k, v in changed.items())}"
-               if changed else ""))
+    if changed:
+        head += f"; thresholds changed: {', '.join(f'{k}={v:g}' for k, v in changed.items())}"
     findings = findings_of(facts, **thresholds)
     if not findings:
         return [head, "no findings"]
     rows = [[f.where, f.what, str(f.since), said(f.evidence)] for f in findings]
-    return [head, ""] + table(["where", "what", "since", "evidence"], rows, right={2})
+    aligned = table(["where", "what", "since", "evidence"], rows, right={2})
+    lines = [head, ""] + aligned[:2]
+    for line, finding in zip(aligned[2:], findings):  # each finding, and under it what to do
+        lines += [line, f"    advice: {finding.advice}"]
+    return lines
 
 
 def _print(lines: list[str]) -> None:

@@ -1,5 +1,6 @@
 """The health of a run drawn for its report: ``panel`` (a plotly figure) and ``section``
-(that figure under a table of the findings, as ``somatize.record.report`` takes it).
+(that figure under a table of the findings and what to do about each, as
+``somatize.record.report`` takes it).
 
 plotly is imported when something is drawn, never before, so reading and judging a
 record needs nothing beyond somatize itself.
@@ -11,12 +12,14 @@ import html
 import math
 from typing import Any
 
-from ._read import health_facts, history_of
+from ._loss import LOSS
+from ._read import history_of, judged_facts
 from ._rules import Finding, findings_of, said
 
 __all__ = ["panel", "section"]
 
 # What each row draws, and which findings are marked on it.
+_LOSS_ROW = (LOSS, "loss", True, ("plateau", "diverging", "oscillating"))
 _ROWS = (("grad_norm", "gradient norm", True, ("vanishing", "exploding")),
          ("update_ratio", "update ratio ‖Δw‖/‖w‖", True, ("not_updating", "update_too_large")),
          ("act_zero", "share of zeros (dying)", False, ("dying",)),
@@ -27,25 +30,38 @@ _COLOURS = ("#4c78a8", "#f58518", "#54a24b", "#b279a2", "#e45756", "#72b7b2", "#
 
 
 def panel(store: Any, run: str, findings: list[Finding] | None = None, **thresholds: float) -> Any:
-    """A plotly figure of a run's health: per where, over the measured steps, its
-    gradient norm, update ratio and shares of zeros and of saturated values, with each
-    finding marked on its row at the step it starts (a NaN or Inf on every row).
+    """A plotly figure of a run's health: its loss, and per where, over the measured
+    steps, its gradient norm, update ratio and shares of zeros and of saturated values,
+    with each finding marked on its row at the step it starts (a NaN or Inf on every
+    row, the run's own findings on the loss's).
 
     ``findings`` are what ``diagnose`` answered, if already at hand; otherwise it is
     asked with ``thresholds``. A run without health facts draws an empty figure that
     says so.
     """
-    facts = health_facts(store, run)
+    facts = judged_facts(store, run)
     if findings is None:
         findings = findings_of(facts, **thresholds)
-    return _figure(run, history_of(facts), findings)
+    return _figure(run, _with_loss(facts), findings)
+
+
+def _with_loss(facts: list[dict[str, Any]]) -> dict[str, dict[str, list]]:
+    """The history, and the loss as one more where with one measure (step n's loss is
+    the n-th), drawn on its own row."""
+    history = history_of(facts)
+    losses = [fact.get("value") for fact in facts if fact["fact"] == "loss"]
+    series = [(at, v) for at, v in enumerate(losses, 1)
+              if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    if series:
+        history = {LOSS: {LOSS: series}, **history}
+    return history
 
 
 def _figure(run: str, history: dict[str, dict[str, list]], findings: list[Finding]) -> Any:
     from plotly.subplots import make_subplots
 
-    rows = [row for row in _ROWS if any(row[0] in measures for measures in history.values())] \
-        or list(_ROWS[:1])
+    rows = [row for row in (_LOSS_ROW, *_ROWS)
+            if any(row[0] in measures for measures in history.values())] or list(_ROWS[:1])
     figure = make_subplots(rows=len(rows), cols=1, shared_xaxes=True, vertical_spacing=0.06,
                            subplot_titles=[title for _, title, _, _ in rows])
     floors = {measure: _floor(history, measure) for measure, _, log, _ in rows if log}
@@ -117,25 +133,28 @@ def _mark(figure: Any, rows: list[tuple], findings: list[Finding]) -> None:
 def section(store: Any, run: str) -> tuple[str, str] | None:
     """The report's health section: the findings as a table, then the panel. A run
     without health facts gets a line saying how to have them instead."""
-    facts = health_facts(store, run)
-    if not facts:
+    facts = judged_facts(store, run)
+    if not any(fact["fact"] == "health" for fact in facts):
         return ("Health", ("<p class='note'>This run has no <code>health</code> facts: a "
                            "Trainer says them with <code>auditing=True</code>.</p>"))
     findings = findings_of(facts)
-    figure = _figure(run, history_of(facts), findings)
+    figure = _figure(run, _with_loss(facts), findings)
     body = figure.to_html(full_html=False, include_plotlyjs=False, div_id="somatize-health",
                           config={"displaylogo": False})
     return ("Health", table_html(findings) + body)
 
 
 def table_html(findings: list[Finding]) -> str:
-    """The findings as an HTML table, or a line saying there are none."""
+    """The findings as an HTML table, what to do about each beside it, or a line
+    saying there are none."""
     if not findings:
         return "<p>No findings at the default thresholds.</p>"
     cells = "".join(
         f"<tr><td>{html.escape(f.where)}</td><td>{html.escape(f.what)}</td>"
-        f"<td style='text-align:right'>{f.since}</td><td>{html.escape(said(f.evidence))}</td></tr>"
+        f"<td style='text-align:right'>{f.since}</td><td>{html.escape(said(f.evidence))}</td>"
+        f"<td class='advice'>{html.escape(f.advice)}</td></tr>"
         for f in findings)
     return ("<table style='border-collapse:collapse;font-size:14px;margin-bottom:12px' "
             "cellpadding='4'><tr><th align='left'>where</th><th align='left'>what</th>"
-            f"<th>since</th><th align='left'>evidence</th></tr>{cells}</table>")
+            "<th>since</th><th align='left'>evidence</th><th align='left'>what to do</th></tr>"
+            f"{cells}</table>")

@@ -1,8 +1,9 @@
-"""The ``health`` facts of a run, read back from its record: ``seen`` and ``history``.
+"""The ``health`` facts of a run, read back from its record: ``seen`` and ``history``
+(and, for the rules, its ``loss`` facts).
 
 A run is listed with one scan of names; a record is opened only if it may hold
 ``health`` facts (a Recorder that summarised ``health`` says in each binding's meta
-which do not). What a record held is kept by its digest, so the findings, the
+which do not), or a loss its meta does not hold. What a record held is kept by its digest, so the findings, the
 history and the panel of one report open each record once, a run that grew opens
 only its new records, and a record bound again is read again — never served stale.
 """
@@ -16,7 +17,7 @@ from typing import Any
 from .._errors import RecordError
 from ..record._read import listed, read
 
-__all__ = ["health_facts", "history", "history_of", "seen"]
+__all__ = ["health_facts", "history", "history_of", "judged_facts", "seen"]
 
 _KEPT = 50_000  # records whose health facts are kept, the least recently read going first
 _kept: OrderedDict[str, tuple[dict[str, Any], ...]] = OrderedDict()
@@ -31,21 +32,35 @@ def health_facts(store: Any, run: str) -> list[dict[str, Any]]:
     for _, bound in listed(store, run):  # refuses an unknown run, naming the known ones
         if "health" in bound.meta and bound.meta["health"] is None:
             continue  # summarised, and said none
+        found.extend(fact for fact in _of_record(store, bound) if fact["fact"] == "health")
+    return found
+
+
+def judged_facts(store: Any, run: str) -> list[dict[str, Any]]:
+    """What the rules read: every ``health`` fact and every ``loss`` fact of a run, in
+    the order they were said. A forward that said no health and summarised its loss
+    is read from its meta alone (its last loss, which is a Trainer's only one)."""
+    found: list[dict[str, Any]] = []
+    for _, bound in listed(store, run):
+        if "health" in bound.meta and bound.meta["health"] is None and "loss" in bound.meta:
+            if bound.meta["loss"] is not None:
+                found.append({"fact": "loss", "value": bound.meta["loss"]})
+            continue
         found.extend(_of_record(store, bound))
     return found
 
 
 def _of_record(store: Any, bound: Any) -> tuple[dict[str, Any], ...]:
-    """The health facts of one record, read once: a digest names the bytes, so what was
+    """The health and loss facts of one record, read once: a digest names the bytes, so what was
     read under it is what is there, in any store, for as long as it is kept."""
     with _lock:
         kept = _kept.get(bound.digest)
         if kept is not None:
             _kept.move_to_end(bound.digest)
             return kept
-    kept = tuple(fact for fact in read(store, bound)["facts"]
-                 if type(fact) is dict and fact.get("fact") == "health"
-                 and isinstance(fact.get("where"), str) and type(fact.get("step")) is int)
+    kept = tuple(fact for fact in read(store, bound)["facts"] if type(fact) is dict and (
+        (fact.get("fact") == "health" and isinstance(fact.get("where"), str)
+         and type(fact.get("step")) is int) or fact.get("fact") == "loss"))
     with _lock:
         _kept[bound.digest] = kept
         while len(_kept) > _KEPT:

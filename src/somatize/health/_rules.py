@@ -1,50 +1,10 @@
 """Opinions over the record: ``diagnose``, its rules, ``Finding`` and ``overlay``.
 
-Every rule reads the history the Audit left and nothing else, so a threshold can be
-argued about, changed and applied again to a run that finished weeks ago. Each needs
-its condition to hold at every measured step of a window (``window`` consecutive
-measured steps of that where; all of them when it has fewer), except ``nonfinite``,
-said at the first NaN or Inf. ``since`` is the window's first step. Once any where
-has counted a NaN or an Inf, the steps from there on are left to ``nonfinite``: after
-a NaN every other number is noise.
-
-The defaults, and where they come from. Two published defaults fire on clean runs
-(ReLU nets sit at 40–80% zeros, an SGD run's last layer moves by 20–30% of its size a
-step early on); those were raised after measuring twenty clean runs of the seeded
-fault suite (``tests/torch/test_fault_suite.py``), as noted beside them.
-
-==================  =======  ====================================================================
-rule (keyword)      default  holds at a step when, and the source
-==================  =======  ====================================================================
-``nonfinite``       —        the Audit counted a NaN or an Inf in what a where produced or got
-                             back (AUTOTRAINER's ``nan_gradient``/``nan_loss``; DeepDiagnosis'
-                             numerical errors)
-``dying``           0.9      ``act_zero`` is at least this. AUTOTRAINER (Zhang et al., ICSE
-                             2021, γ) and DeepDiagnosis (Wardat et al., ICSE 2022) use 0.7;
-                             clean ReLU layers here reach 0.8 on single steps and hold 0.72,
-                             so 0.9
-``saturated``       0.5      ``act_saturated`` (the share within 1% of a bounded activation's
-                             bounds) is at least this: DeepDiagnosis' saturation rule flags a
-                             layer when more than half its values are past ±5 before a sigmoid
-                             or tanh, which is within 1% of the bounds; clean tanh runs here
-                             stay under 0.05
-``vanishing``       1e-3     ``grad_norm`` is below this times the gradient where the loss
-                             enters (the last node the Audit watched in that step): AUTOTRAINER's
-                             β₁, its first-to-last layer gradient ratio; clean runs here stay
-                             above 0.04
-``exploding``       70       ``grad_norm`` is above this times the gradient where the loss
-                             enters: AUTOTRAINER's β₃; clean runs here stay under 3.5
-``not_updating``    1e-6     ``update_ratio`` (‖Δw‖/‖w‖ of a step) is below this. CS231n's notes
-                             put a healthy ratio near 1e-3 and call lower a learning rate that
-                             may be too low; clean runs here dip to 1e-4 (SGD at its start), so
-                             the rule is kept for a layer that moves a million times slower
-                             than its size — one left to nobody
-``update_too_large``0.5      ``update_ratio`` is above this: CS231n's 1e-3 scale, less strict
-                             by far, since Adam at 1e-3 reaches 1e-2 and a clean SGD run's last
-                             layer held 0.2 for ten steps here
-==================  =======  ====================================================================
-
-``window`` (default 10 measured steps) is a threshold too.
+Every rule reads the history the Audit left and the run's loss, and nothing else, so
+a threshold can be argued about, changed and applied again to a run that finished
+weeks ago. The rules, their defaults and where each comes from are in ``diagnose``'s
+documentation; the run-level ones (``where="loss"``) live in ``_loss``, and what to do
+about each finding in ``_advice``.
 """
 
 from __future__ import annotations
@@ -55,30 +15,42 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ._read import health_facts, history_of
+from ._advice import advice
+from ._loss import LOSS, loss_findings
+from ._read import history_of, judged_facts
 
 __all__ = ["DEFAULTS", "KINDS", "Finding", "diagnose", "findings_of", "overlay"]
 
-KINDS = ("nonfinite", "dying", "exploding", "vanishing", "saturated", "not_updating",
-         "update_too_large")
-DEFAULTS: dict[str, float] = {"dying": 0.9, "saturated": 0.5, "vanishing": 1e-3,
-                              "exploding": 70.0, "not_updating": 1e-6,
-                              "update_too_large": 0.5, "window": 10}
+#: What a finding can say, in the order findings of one step and where are listed.
+KINDS = ("nonfinite", "dying", "dead_channels", "exploding", "vanishing", "saturated",
+         "not_updating", "update_too_large", "plateau", "diverging", "oscillating")
+#: Every threshold ``diagnose`` takes, at its default (see ``diagnose`` for each one's
+#: meaning and source).
+DEFAULTS: dict[str, float] = {"dying": 0.9, "dead_channels": 0.5, "saturated": 0.5,
+                              "vanishing": 1e-3, "exploding": 70.0, "not_updating": 1e-6,
+                              "update_too_large": 0.5, "weight_growth": 0.07,
+                              "plateau": 0.1, "converged": 0.5, "diverging": 0.25,
+                              "oscillating": 0.5, "window": 10, "loss_window": 40}
+_WINDOWS = ("window", "loss_window")
 
 
 @dataclass(frozen=True)
 class Finding:
-    """What a rule found: at which ``where``, what (one of ``KINDS``), since which
-    measured step, and the numbers that made it say so (``evidence``: plain data —
-    the measure, the threshold, how many steps it held, the median and the worst)."""
+    """What a rule found: at which ``where`` (a node, ``node.path`` inside one, or
+    ``"loss"`` for the run's own symptoms), what (one of ``KINDS``), since which
+    step, the numbers that made it say so (``evidence``: plain data — the measure,
+    the threshold, how many steps it held, the median and the worst) and ``advice``:
+    one sentence on what to do about it there."""
 
     where: str
     what: str
     since: int
     evidence: dict[str, Any] = field(default_factory=dict, compare=True, hash=False)
+    advice: str = ""
 
     def __str__(self) -> str:
-        return f"{self.where}: {self.what} since step {self.since} ({said(self.evidence)})"
+        text = f"{self.where}: {self.what} since step {self.since} ({said(self.evidence)})"
+        return f"{text} — {self.advice}" if self.advice else text
 
     def as_dict(self) -> dict[str, Any]:
         """The finding as plain data, the same in every process."""
@@ -89,24 +61,56 @@ def said(evidence: dict[str, Any]) -> str:
     """Evidence in a few words: ``act_zero >= 0.9 for 12 steps (median 1, worst 1)``."""
     if "count" in evidence:
         return f"{evidence['count']} NaN or Inf {evidence['measure']}"
-    return (f"{evidence['measure']} {evidence['rule']} {evidence['threshold']:g} for "
+    text = (f"{evidence['measure']} {evidence['rule']} {evidence['threshold']:g} for "
             f"{evidence['steps']} steps (median {evidence['median']:.3g}, worst "
             f"{evidence['worst']:.3g})")
+    return f"{text}; loss {evidence['loss']:.3g}" if "loss" in evidence else text
 
 
 def diagnose(store: Any, run: str, **thresholds: float) -> list[Finding]:
-    """What the rules find in a run's record, ordered by step then where.
+    """What the rules find in a run's record, ordered by step then where, each finding
+    with its advice. Reads the record only: no model, no torch.
 
-    Keywords are the thresholds (see this module's table for each default and its
-    source) and ``window``; an unknown keyword is refused, naming the known ones.
-    Reads the record only: no model, no torch.
+    Keywords are the thresholds below; an unknown one is refused, naming the known
+    ones. A layer rule needs its condition at every measured step of a ``window``
+    (consecutive measured steps of that where; all of them when it has fewer), and
+    ``since`` is the window's first step. ``nonfinite`` is said at the first NaN or
+    Inf, and once any where has counted one, the steps from there on are left to it:
+    after a NaN every other number is noise. The run-level rules read the loss over
+    ``loss_window`` steps against its own noise (a line fitted to the window, and two
+    standard errors of its slope), and say ``where="loss"``.
+
+    Two published defaults fire on clean runs (ReLU nets sit at 40–80% zeros, an SGD
+    run's last layer moves by 20–30% of its size a step early on); those were raised
+    after measuring the clean runs of the seeded-fault suite
+    (``tests/torch/test_fault_suite.py``: multilayer perceptrons, conv nets on digits,
+    GRU and LSTM nets, a transformer block), as noted beside them.
+
+    | keyword | default | holds at a step when — and the source |
+    |---|---|---|
+    | (``nonfinite``) | — | the Audit counted a NaN or an Inf in what a where produced or got back, or the loss is one (AUTOTRAINER's ``nan_gradient``/``nan_loss``; DeepDiagnosis' numerical errors) |
+    | ``dying`` | 0.9 | ``act_zero`` is at least this. AUTOTRAINER (Zhang et al., ICSE 2021, γ) and DeepDiagnosis (Wardat et al., ICSE 2022) use 0.7; clean ReLU layers here reach 0.8 on single steps and hold 0.76, so 0.9 |
+    | ``dead_channels`` | 0.5 | at least this share of a where's channels (dimension 1: a conv's filters) stayed 0 through the Audit's whole channel window (``Audit(channels=True)``). A channel at 0 that long is DeepDiagnosis' dead node, and its 0.7 share is the same rule per value; clean conv runs here lose none, and a conv whose bias starts at -10 loses all |
+    | ``saturated`` | 0.5 | ``act_saturated`` (the share within 1% of the bounds of a bounded output: sigmoid, tanh, hardtanh, clamp, softsign, a GLU's gate, a recurrent layer's hidden state) is at least this: DeepDiagnosis flags a layer when more than half its values are past ±5 before a sigmoid or tanh, which is within 1% of the bounds; clean runs here stay under 0.2, inputs × 255 into a tanh layer or a GRU hold 0.75 to 0.99 |
+    | ``vanishing`` | 1e-3 | ``grad_norm`` is below this times the gradient where the loss enters (the last node the Audit watched in that step): AUTOTRAINER's β₁, its first-to-last layer gradient ratio; clean runs here stay above 0.05 |
+    | ``exploding`` | 70 | ``grad_norm`` is above this times the gradient where the loss enters: AUTOTRAINER's β₃; clean runs here stay under 3 |
+    | ``not_updating`` | 1e-6 | ``update_ratio`` (‖Δw‖/‖w‖ of a step) is below this. CS231n's notes put a healthy ratio near 1e-3 and call lower a learning rate that may be too low; clean runs here dip to 1e-4 (SGD at its start), so the rule is kept for a layer that moves a million times slower than its size — one left out of the optimizer, or in a group at lr=0 |
+    | ``update_too_large`` | 0.5 | ``update_ratio`` is above this: CS231n's 1e-3 scale, less strict by far, since Adam at 1e-3 reaches 1e-2 and a clean SGD run's last layer held 0.2 for ten steps here |
+    | ``weight_growth`` | 0.07 | (said as ``update_too_large``) over a ``window`` of measured steps, ``weight_norm`` grew by more than this a step on average (from the norm the window's first update found, ``update_norm / update_ratio``), at a where other than the loss end. Adam moves every weight by about its learning rate whatever the weight's size (Kingma & Ba, 2015), so with a learning rate 100× too high the steps pile up and the weights multiply in size within ten steps, while ``update_ratio``, measured against the weights it has just inflated, soon looks ordinary. The loss end is left out: a last layer has to grow to the targets' scale. Clean runs here grow by at most 0.04 a step away from the loss end, Adam at 100× its learning rate by 0.09 to 0.13 (0.07 doubles the weights in ten steps). Weights initialised far too small grow as fast, and are found too |
+    | ``plateau`` | 0.1 | over a loss window, the most the loss can have fallen (the fitted line's fall plus two standard errors) is under this share of its level, while the loss is still above ``converged`` of where it began. DeepDiagnosis' "loss not decreasing" (a loss that has not moved over 5 epochs) and AUTOTRAINER's slow convergence (under δ = 0.01 of accuracy gained per epoch), measured here against the loss's own noise, so a slow but steady fall is not one, nor is a noisy loss whose fall cannot be told: runs on shuffled labels, or at a learning rate 1000× too small, move by under 0.05 of their level, clean runs by at least 0.2 |
+    | ``converged`` | 0.5 | (part of ``plateau``) a loss under this share of where it began has learnt: a flat stretch after it is convergence, not a plateau |
+    | ``diverging`` | 0.25 | the loss climbs: over a loss window it rises (the fitted rise less two standard errors) by at least this share of its level, or the window sits at least this share above where the run began. AUTOTRAINER calls a loss past 1e5 exploded; a finite climb is caught long before that. Clean runs here never rise by more than 0.01; SGD at 100× its learning rate sits 1.8 to 9 above its start |
+    | ``oscillating`` | 0.5 | in a loss window with no trend (a slope within two standard errors of flat), the swings around it are at least this share of the loss's scale (its level, or where it began when that was higher): AUTOTRAINER's unstable loss (swings of ζ = 0.03 accuracy between neighbouring peaks and troughs in η = 0.2 of the epochs), for per-step losses, whose batches swing far more than per-epoch accuracy, so measured against the scale the loss started at: clean runs here stay under 0.25, SGD at 100× its learning rate swings by 0.7 to 5 |
+    | ``window`` | 10 | measured steps a layer rule's condition has to hold |
+    | ``loss_window`` | 40 | steps a run-level rule reads at once (all of them in a shorter run of at least six) |
     """
     limits = _thresholds(thresholds)
-    return findings_of(health_facts(store, run), **limits)
+    return findings_of(judged_facts(store, run), **limits)
 
 
 def findings_of(facts: list[dict[str, Any]], **thresholds: float) -> list[Finding]:
-    """The findings in ``health`` facts, as the Audit says them or a record holds them."""
+    """The findings in ``health`` and ``loss`` facts, as the Audit and a Trainer say
+    them or a record holds them (the loss of step ``n`` being the ``n``-th)."""
     limits = _thresholds(thresholds)
     window = int(limits["window"])
     history = history_of(facts)
@@ -117,7 +121,17 @@ def findings_of(facts: list[dict[str, Any]], **thresholds: float) -> list[Findin
     for where, measures in history.items():
         for finding in _found(where, measures, history, ends, limits, window, broken):
             found.append((finding.since, order[where], KINDS.index(finding.what), finding))
+    losses = [fact.get("value") for fact in facts
+              if type(fact) is dict and fact.get("fact") == "loss"]
+    for finding in loss_findings(losses, limits, broken, _maker(LOSS)):
+        found.append((finding.since, len(order), KINDS.index(finding.what), finding))
     return [finding for *_, finding in sorted(found, key=lambda item: item[:3])]
+
+
+def _maker(where: str) -> Callable[[str, int, dict[str, Any]], Finding]:
+    def make(what: str, since: int, evidence: dict[str, Any]) -> Finding:
+        return Finding(where, what, since, evidence, advice(where, what, evidence))
+    return make
 
 
 def _thresholds(given: dict[str, Any]) -> dict[str, float]:
@@ -130,9 +144,10 @@ def _thresholds(given: dict[str, Any]) -> dict[str, float]:
         if isinstance(value, bool) or not isinstance(value, (int, float)) \
                 or not math.isfinite(value) or value < 0:
             raise ValueError(f"threshold {name}={value!r}: a threshold is a finite number from 0")
-    if int(limits["window"]) != limits["window"] or limits["window"] < 1:
-        raise ValueError(f"window={limits['window']!r}: a window is a whole number of "
-                         "measured steps, from 1")
+    for name, least in zip(_WINDOWS, (1, 3)):
+        if int(limits[name]) != limits[name] or limits[name] < least:
+            raise ValueError(f"{name}={limits[name]!r}: a window is a whole number of "
+                             f"steps, from {least}")
     return limits
 
 
@@ -145,37 +160,60 @@ def _first_nonfinite(history: dict[str, dict[str, list[tuple[int, Any]]]]) -> in
 def _found(where: str, measures: dict[str, list[tuple[int, Any]]],
            history: dict[str, dict[str, list[tuple[int, Any]]]], ends: dict[int, str],
            limits: dict[str, float], window: int, broken: int | None) -> Iterable[Finding]:
+    make = _maker(where)
     for step, count in measures.get("nonfinite", []):
         if isinstance(count, (int, float)) and count > 0:
-            yield Finding(where, "nonfinite", step, {"measure": "values", "count": int(count)})
+            yield make("nonfinite", step, {"measure": "values", "count": int(count)})
             break
 
     def before(series: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
         return [(s, v) for s, v in series if broken is None or s < broken]
 
-    simple = (("dying", "act_zero", ">=", lambda v, t: v >= t),
-              ("saturated", "act_saturated", ">=", lambda v, t: v >= t),
-              ("not_updating", "update_ratio", "<", lambda v, t: v < t),
-              ("update_too_large", "update_ratio", ">", lambda v, t: v > t))
-    for what, measure, rule, holds in simple:
-        finding = _streak(where, what, measure, rule, before(measures.get(measure, [])),
-                          limits[what], window, holds)
+    said_here: list[Finding] = []
+
+    def streak(what: str, measure: str, rule: str, series: list[tuple[int, Any]],
+               threshold: float) -> Finding | None:
+        return _streak(make, what, measure, rule, before(series), threshold, window)
+
+    simple = (("dying", "act_zero", ">="), ("saturated", "act_saturated", ">="),
+              ("not_updating", "update_ratio", "<"))
+    for what, measure, rule in simple:
+        finding = streak(what, measure, rule, measures.get(measure, []), limits[what])
+        if finding is not None and what == "not_updating":
+            finding = _why_still(make, finding, before(measures.get("grad_norm", [])),
+                                 dying=any(f.what == "dying" for f in said_here))
         if finding is not None:
+            said_here.append(finding)
             yield finding
-    if where not in set(ends.values()):
-        relative = before(_relative(measures, history, ends))
-        for what, rule, holds in (("vanishing", "<", lambda v, t: v < t),
-                                  ("exploding", ">", lambda v, t: v > t)):
-            finding = _streak(where, what, "grad_norm / loss end", rule, relative,
-                              limits[what], window, holds)
+    finding = streak("dead_channels", "dead_channels / channels", ">=",
+                     _dead_share(measures), limits["dead_channels"])
+    if finding is not None:
+        yield finding
+    at_end = where in set(ends.values())
+    large = [streak("update_too_large", "update_ratio", ">", measures.get("update_ratio", []),
+                    limits["update_too_large"])]
+    if not at_end:
+        large.append(_growing(make, _norms(measures, broken), limits["weight_growth"], window))
+    large = [f for f in large if f is not None]
+    if large:  # one finding of a kind per where: the earlier reading
+        yield min(large, key=lambda f: f.since)
+    if not at_end:
+        relative = _relative(measures, history, ends)
+        for what, rule in (("vanishing", "<"), ("exploding", ">")):
+            finding = streak(what, "grad_norm / loss end", rule, relative, limits[what])
             if finding is not None:
                 yield finding
 
 
-def _streak(where: str, what: str, measure: str, rule: str, series: list[tuple[int, Any]],
-            threshold: float, window: int, holds: Callable[[float, float], bool]) -> Finding | None:
+_HOLDS: dict[str, Callable[[float, float], bool]] = {
+    ">=": lambda v, t: v >= t, ">": lambda v, t: v > t, "<": lambda v, t: v < t}
+
+
+def _streak(make: Callable[..., Finding], what: str, measure: str, rule: str,
+            series: list[tuple[int, Any]], threshold: float, window: int) -> Finding | None:
     """A finding at the first run of ``window`` consecutive measured steps (all of them
-    when there are fewer) at which ``holds`` — or None."""
+    when there are fewer) at which ``rule`` holds — or None."""
+    holds = _HOLDS[rule]
     values = [(s, v) for s, v in series if isinstance(v, (int, float)) and not isinstance(v, bool)]
     if not values:
         return None
@@ -190,12 +228,80 @@ def _streak(where: str, what: str, measure: str, rule: str, series: list[tuple[i
                     at += 1
                     held.append(values[at][1])
                 worst = max(held) if rule in (">", ">=") else min(held)
-                return Finding(where, what, values[start][0], {
+                return make(what, values[start][0], {
                     "measure": measure, "rule": rule, "threshold": threshold,
                     "steps": len(held), "median": statistics.median(held), "worst": worst})
         else:
             start = None
     return None
+
+
+def _why_still(make: Callable[..., Finding], finding: Finding,
+               gradients: list[tuple[int, Any]], dying: bool) -> Finding:
+    """Weights that do not move were left out of the optimizer, or get no gradient: a
+    where whose units are dead, or to which nothing came back, is the second. Said in
+    the evidence (``because``), so the advice points at the right one."""
+    got = [v for step, v in gradients if step >= finding.since and isinstance(v, (int, float))]
+    because = "dying" if dying else "no gradient" if got and max(got) == 0 else None
+    if because is None:
+        return finding
+    return make(finding.what, finding.since, {**finding.evidence, "because": because})
+
+
+def _dead_share(measures: dict[str, list[tuple[int, Any]]]) -> list[tuple[int, float]]:
+    """Per step, the share of channels that stayed 0 (the largest of any group's)."""
+    channels = dict(measures.get("channels", []))
+    out = []
+    for step, dead in measures.get("dead_channels", []):
+        of = channels.get(step)
+        if isinstance(dead, dict) and isinstance(of, dict):
+            shares = [dead[g] / of[g] for g in dead if isinstance(of.get(g), int) and of[g] > 0]
+            if shares:
+                out.append((step, max(shares)))
+        elif isinstance(dead, (int, float)) and isinstance(of, (int, float)) and of > 0:
+            out.append((step, dead / of))
+    return out
+
+
+def _norms(measures: dict[str, list[tuple[int, Any]]], broken: int | None
+           ) -> list[tuple[int, float]]:
+    """``(step, weight_norm after it)``, led by the norm the first measured update
+    found (``update_norm / update_ratio``, said as the step before it)."""
+    ratios = dict(measures.get("update_ratio", []))
+    norms = dict(measures.get("update_norm", []))
+    series = [(step, v) for step, v in measures.get("weight_norm", [])
+              if isinstance(v, (int, float)) and math.isfinite(v) and v > 0
+              and (broken is None or step < broken)]
+    for step, _ in series:
+        ratio, moved = ratios.get(step), norms.get(step)
+        if isinstance(ratio, (int, float)) and isinstance(moved, (int, float)) \
+                and math.isfinite(ratio) and ratio > 0 and moved > 0:
+            return [(step - 1, moved / ratio)] + [(s, v) for s, v in series if s >= step]
+    return []
+
+
+def _growing(make: Callable[..., Finding], norms: list[tuple[int, float]], threshold: float,
+             window: int) -> Finding | None:
+    """A finding at the first ``window`` measured steps over which the weights grew by
+    more than ``threshold`` a step on average — or None. Read per step, so that an
+    Audit measuring every tenth step judges the same growth."""
+    rates = []
+    for at in range(len(norms) - window):
+        (first, before), (last, after) = norms[at], norms[at + window]
+        rates.append((norms[at + 1][0], (after / before) ** (1 / (last - first)) - 1, last))
+    held = []
+    for since, rate, last in rates:
+        if rate > threshold:
+            held.append((since, rate, last))
+        elif held:
+            break
+    if not held:
+        return None
+    values = [rate for _, rate, _ in held]
+    return make("update_too_large", held[0][0], {
+        "measure": "weight_norm growth a step", "rule": ">", "threshold": threshold,
+        "steps": held[-1][2] - held[0][0] + 1, "median": statistics.median(values),
+        "worst": max(values)})
 
 
 def _ends(facts: list[dict[str, Any]]) -> dict[int, str]:
@@ -225,12 +331,15 @@ def _relative(measures: dict[str, list[tuple[int, Any]]],
 
 def overlay(findings: Iterable[Finding]) -> dict[str, list[str]]:
     """``{node: [what, ...]}`` for ``Graph.figure(overlay=...)``: a finding on
-    ``body.net.0`` colours the node ``body``. Each what once per node, in order."""
+    ``body.net.0`` colours the node ``body``. Each what once per node, in order; the
+    run's own findings (``where="loss"``) belong to no node and colour none."""
     out: dict[str, list[str]] = {}
     for finding in findings:
         if not isinstance(finding, Finding):
             raise TypeError(f"overlay() takes what diagnose() answers (Findings), not a "
                             f"{type(finding).__qualname__}")
+        if finding.where == LOSS:
+            continue
         said_here = out.setdefault(finding.where.split(".", 1)[0], [])
         if finding.what not in said_here:
             said_here.append(finding.what)

@@ -30,15 +30,16 @@ from typing import Any
 import torch
 
 from .._errors import DeclarationError
+from ._bounded import module_is_bounded
 from ._measures import Held, Place, Sink
-from ._weights import held
+from ._weights import held, modules_of
 
 __all__ = ["MEASURES", "Audit", "audit_for"]
 
 #: The names a ``health`` fact may carry besides ``fact``, ``where`` and ``step``.
 MEASURES = ("act_mean", "act_std", "act_zero", "act_saturated", "grad_norm", "grad_mean",
-            "grad_std", "nonfinite", "weight_norm", "update_ratio", "dead_channels",
-            "act_hist", "grad_hist")
+            "grad_std", "nonfinite", "weight_norm", "update_ratio", "update_norm",
+            "dead_channels", "channels", "act_hist", "grad_hist")
 
 
 class Audit:
@@ -109,6 +110,8 @@ class Audit:
             else:
                 node = graph.implementation(where.node)
                 self._wrapped.append((node, _Wrapper.around(node, where), where))
+                self._handles += [module.register_forward_hook(where.mark)
+                                  for module in _bounded_inside(node)]
         graph.changed()  # the walk keeps bound forwards; have it look again
         self._graph, self._wheres = graph, wheres
         self._held = Held(wheres, self.sampled)
@@ -121,6 +124,8 @@ class Audit:
         activation and gradient anyway; its facts travel back in its answers."""
         where = Place(self, node_id, node_id, None, held(node, node_id))
         where.tracks = self.channels
+        self._handles += [module.register_forward_hook(where.mark)
+                          for module in _bounded_inside(node)]
         self._graph, self._wheres = _BY_HAND, [where]
         self._held = Held(self._wheres, self.sampled)
         self._steered = True
@@ -264,6 +269,13 @@ class Audit:
 
 
 _BY_HAND = object()  # what an Audit watching one node by hand watches instead of a graph
+
+
+def _bounded_inside(node: Any) -> list[torch.nn.Module]:
+    """The modules within a node whose answers are bounded, once each: a node's output
+    that is one of their tensors (or a view of one) is known to be bounded."""
+    found = {id(m): m for top in modules_of(node) for m in top.modules() if module_is_bounded(m)}
+    return list(found.values())
 
 
 def audit_for(graph: Any, auditing: Any, watchers: list[Any]) -> Audit | None:

@@ -2,8 +2,8 @@
 reductions that turn it into numbers — computed where the tensors are, and read back
 to the CPU once per step through one sink.
 
-Activations are pooled per place as (count, mean, spread, zeros, non-finite, near a
-bound) so pieces of a micro batch and a module called twice make one population; a
+Activations are pooled per place as (count, mean, spread, zeros, non-finite, at a
+bound — ``_bounded`` says where an output has bounds) so pieces of a micro batch and a module called twice make one population; a
 gradient's spread is read off E[g²] − E[g]²; weights larger than ``sampled`` entries
 are read off a fixed random sample of runs of neighbours, so ``update_ratio`` does not
 cost a copy of every weight.
@@ -19,6 +19,7 @@ import torch
 
 from .._errors import DeclarationError
 from .._node import Done, Opaque
+from ._bounded import marks_of, saturation
 
 __all__ = ["BINS", "Held", "Place", "Sink"]
 
@@ -28,18 +29,7 @@ BINS = 32
 _RUN = 64  # neighbouring entries per run of a sampled parameter
 
 
-_NEAR = 0.01  # "saturated" is within this share of the range from either bound
-
-
 _HALF = (torch.float16, torch.bfloat16)
-
-
-_BOUNDED_CLASSES = ((torch.nn.Sigmoid, (0.0, 1.0)), (torch.nn.Tanh, (-1.0, 1.0)),
-                    (torch.nn.Softsign, (-1.0, 1.0)), (torch.nn.Hardsigmoid, (0.0, 1.0)))
-
-
-_BOUNDED_FUNCTIONS = {"SigmoidBackward0": (0.0, 1.0), "TanhBackward0": (-1.0, 1.0),
-                      "HardsigmoidBackward0": (0.0, 1.0)}
 
 
 class Place:
@@ -48,7 +38,6 @@ class Place:
     def __init__(self, audit: Any, name: str, node: str, module: Any, params: list[Any]):
         self.audit, self.name, self.node, self.module = audit, name, node, module
         self.params = params
-        self.bounds = _class_bounds(module)
         self.groups: dict[str, list[int]] | None = None
         self.tracks = False
         self.group_index: dict[Any, list[torch.Tensor]] = {}
@@ -62,9 +51,28 @@ class Place:
         self.alive: torch.Tensor | None = None
         self.kept_acts: list[torch.Tensor] = []
         self.kept_grads: list[torch.Tensor] = []
+        # tensors a bounded module answered this step, by id (held, so no id is reused)
+        self.marked: dict[int, tuple] = {}
+        self.held_marked: list[torch.Tensor] = []
 
     def hook(self, module: Any, args: Any, output: Any) -> None:
+        """What a module watched ``inside=`` answered: its own bounds, if it has any,
+        are noted before it is measured."""
+        if self.audit._armed:
+            self.mark(module, args, output)
         self.produced(output)
+
+    def mark(self, module: Any, args: Any, output: Any) -> None:
+        """A bounded module inside this place answered: note which of its tensors are
+        bounded, so that the place's output is known as bounded if it is one of them."""
+        audit = self.audit
+        if not audit._armed:
+            return
+        if audit._before is None:  # the step has begun: restarting clears what is noted
+            audit._snapshot()
+        for tensor, how in marks_of(module, args, output):
+            self.marked[id(tensor)] = how
+            self.held_marked.append(tensor)
 
     def produced(self, output: Any) -> None:
         audit = self.audit
@@ -86,16 +94,14 @@ class Place:
         if x.dtype in _HALF:
             x = x.float()
         flat = x.reshape(-1)
-        bounds = self.bounds or _function_bounds(tensor)
         mean = flat.mean()
         parts = [mean, torch.dist(flat, mean)]  # one fused pass, nothing written; squared later
         parts.append(_dot(flat.sign()))  # how many are not zero (NaN if a NaN is)
         parts.append(_nonfinite(flat))
-        if bounds is not None:
-            low, high = bounds
-            past = (flat - (low + high) / 2).abs_().sub_((0.5 - _NEAR) * (high - low)).sign_()
-            parts.append((past.sum() + _dot(past)) / 2)  # how many are past the margin
-        self.acts.append((x.numel(), x.numel() if bounds is not None else 0, parts))
+        saturated = saturation(tensor, flat, self.marked)
+        if saturated is not None:
+            parts.append(saturated[0])  # how many are at a bound
+        self.acts.append((x.numel(), 0 if saturated is None else saturated[1], parts))
         if first and self.tracks and x.dim() >= 2:
             alive = x.ne(0).any(dim=0)
             if alive.dim() > 1:
@@ -133,8 +139,8 @@ class Place:
             out.update(_pooled_grads([(n, sink.get(h)) for n, h in grads], self.audit._probes))
             if acts or grads:
                 out["nonfinite"] = out.pop("_act_nonfinite", 0) + out.pop("_grad_nonfinite", 0)
-            if dead is not None:
-                out["dead_channels"] = dead(sink)
+            if dead is not None:  # how many stayed zero, and out of how many
+                out["dead_channels"], out["channels"] = dead(sink)
             if act_hist is not None:
                 out["act_hist"] = _hist_read(sink.get(act_hist))
             if grad_hist is not None:
@@ -154,11 +160,12 @@ class Place:
         dead = (k - self.last_fire) >= self.audit.window
         if self.groups is None:
             handle = sink.add([dead.sum()])
-            return lambda s: int(s.get(handle)[0])
+            return lambda s: (int(s.get(handle)[0]), int(dead.shape[0]))
         index = self.group_index[dead.device]
         handle = sink.add([dead[i].sum() for i in index])
         names = list(self.groups)
-        return lambda s: {name: int(v) for name, v in zip(names, s.get(handle))}
+        sizes = {name: len(channels) for name, channels in self.groups.items()}
+        return lambda s: ({name: int(v) for name, v in zip(names, s.get(handle))}, sizes)
 
     def _check_groups(self, width: int) -> None:
         if self.groups is None:
@@ -372,6 +379,7 @@ class Held:
             if changing:
                 out["update_ratio"] = math.sqrt(step / old) if old > 0 else \
                     (0.0 if step == 0 else math.inf)
+                out["update_norm"] = math.sqrt(step)
             return out
         return read
 
@@ -407,24 +415,3 @@ def _tensors(value: Any, depth: int) -> Iterable[torch.Tensor]:
     elif depth < 3 and isinstance(value, dict):
         for item in value.values():
             yield from _tensors(item, depth + 1)
-
-
-def _class_bounds(module: Any) -> tuple[float, float] | None:
-    if module is None:
-        return None
-    if isinstance(module, torch.nn.Hardtanh):  # ReLU6 is one
-        return float(module.min_val), float(module.max_val)
-    for cls, bounds in _BOUNDED_CLASSES:
-        if isinstance(module, cls):
-            return bounds
-    return None
-
-
-def _function_bounds(tensor: torch.Tensor) -> tuple[float, float] | None:
-    function = tensor.grad_fn
-    if function is None:
-        return None
-    name = type(function).__name__
-    if name == "HardtanhBackward0":
-        return float(function._saved_min_val), float(function._saved_max_val)
-    return _BOUNDED_FUNCTIONS.get(name)

@@ -1,0 +1,151 @@
+"""The run's own symptoms, read off its ``loss`` facts alone: ``plateau``,
+``diverging``, ``oscillating`` and a ``nonfinite`` loss, each said with
+``where="loss"``.
+
+The loss of step ``n`` is the ``n``-th ``loss`` fact of the run (a Trainer says one
+per step). Each rule looks at windows of ``loss_window`` consecutive steps (all of
+them in a shorter run of at least six) and judges a window by a straight line fitted
+to it: its slope, the scatter of the losses around it, and the standard error of
+the slope that scatter implies. So "meaningfully" always means "against this loss's
+own noise": two standard errors. A finding starts at the first window where its
+rule holds and covers the windows that follow while it keeps holding.
+
+The losses are judged as the positive numbers cross entropy and squared error are:
+a window holding a loss of 0 or below is not judged. Nothing after the first NaN or
+Inf (in the loss, or counted anywhere by the Audit) is judged either; the first
+non-finite loss is itself a ``nonfinite`` finding.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["LOSS", "loss_findings"]
+
+LOSS = "loss"  # the where a run-level finding is said at
+_ERRORS = 2.0  # how many standard errors make a change meaningful
+_FEWEST = 6  # a run with fewer losses than this is too short to judge
+
+
+@dataclass(frozen=True)
+class _Window:
+    """A straight line through ``loss_window`` losses: where they stand and move."""
+
+    first: int  # the step of its first loss
+    level: float  # their mean
+    slope: float  # per step
+    slope_error: float  # the standard error of ``slope``
+    scatter: float  # the standard deviation around the line
+    mean_error: float  # the standard error of ``level``
+    length: int
+
+    @property
+    def span(self) -> int:
+        return self.length - 1
+
+
+def _fitted(first: int, values: list[float]) -> _Window:
+    n = len(values)
+    middle = (n - 1) / 2
+    mean = sum(values) / n
+    spread = sum((t - middle) ** 2 for t in range(n))
+    slope = sum((t - middle) * (v - mean) for t, v in enumerate(values)) / spread
+    residual = sum((v - mean - slope * (t - middle)) ** 2 for t, v in enumerate(values))
+    scatter = math.sqrt(residual / (n - 2))
+    return _Window(first, mean, slope, scatter / math.sqrt(spread), scatter,
+                   statistics.stdev(values) / math.sqrt(n), n)
+
+
+def loss_findings(losses: list[Any], limits: dict[str, float], broken: int | None,
+                  make: Any) -> list[Any]:
+    """The run-level findings in ``losses`` (one per step, from step 1), judged before
+    step ``broken`` (the first NaN the Audit counted; None: none); ``make(what, since,
+    evidence)`` builds each finding."""
+    found = []
+    steps = [(at, v) for at, v in enumerate(losses, 1)
+             if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    bad = [(at, v) for at, v in steps if not math.isfinite(v)]
+    if bad:
+        found.append(make("nonfinite", bad[0][0], {"measure": "loss values", "count": len(bad)}))
+    end = min([broken or math.inf] + [at for at, _ in bad])
+    judged = [(at, v) for at, v in steps if at < end]
+    if len(judged) < _FEWEST:
+        return found
+    start = statistics.median(v for _, v in judged[:3])  # before training has done much
+    if start <= 0:
+        return found
+    width = min(int(limits["loss_window"]), len(judged))
+    windows = [_fitted(judged[i][0], [v for _, v in judged[i:i + width]])
+               for i in range(len(judged) - width + 1)
+               if all(v > 0 for _, v in judged[i:i + width])]
+    for what, reading in (("plateau", _plateau), ("diverging", _diverging),
+                          ("oscillating", _oscillating)):
+        finding = _held(what, windows, lambda w, r=reading: r(w, start, limits), make)
+        if finding is not None:
+            found.append(finding)
+    return found
+
+
+def _plateau(w: _Window, start: float, limits: dict[str, float]) -> tuple[float, dict] | None:
+    """The most the loss can have moved across the window, either way (the fitted
+    change plus two standard errors), as a share of its level: a plateau when that is
+    under the threshold while the loss is still above ``converged`` of where it began.
+    A loss too noisy to say so, or rising, is not a plateau."""
+    moved = (abs(w.slope) + _ERRORS * w.slope_error) * w.span / w.level
+    if moved < limits["plateau"] and w.level > limits["converged"] * start:
+        return moved, {"measure": "loss change (upper bound) / loss", "rule": "<",
+                       "threshold": limits["plateau"]}
+    return None
+
+
+def _diverging(w: _Window, start: float, limits: dict[str, float]) -> tuple[float, dict] | None:
+    """A rise across the window (less two standard errors) of at least the threshold
+    of its level — or the window sitting that far above where the run began."""
+    rise = (w.slope - _ERRORS * w.slope_error) * w.span / w.level
+    above = (w.level - _ERRORS * w.mean_error - start) / start
+    threshold = limits["diverging"]
+    if rise >= threshold:
+        return rise, {"measure": "loss rise (lower bound) / loss", "rule": ">=",
+                      "threshold": threshold}
+    if above >= threshold:
+        return above, {"measure": "loss above its start (lower bound) / start", "rule": ">=",
+                       "threshold": threshold}
+    return None
+
+
+def _oscillating(w: _Window, start: float, limits: dict[str, float]) -> tuple[float, dict] | None:
+    """Swings (the scatter around the fitted line) of at least the threshold of the
+    loss's scale — its level, or where it began if that was higher — in a window
+    whose slope is within two standard errors of flat."""
+    if abs(w.slope) >= _ERRORS * w.slope_error:
+        return None
+    swing = w.scatter / max(w.level, start)
+    if swing >= limits["oscillating"]:
+        return swing, {"measure": "loss swing / its scale", "rule": ">=",
+                       "threshold": limits["oscillating"]}
+    return None
+
+
+def _held(what: str, windows: Iterable[_Window], reading: Any, make: Any) -> Any:
+    """A finding at the first window ``reading`` holds in, covering the ones after it
+    while it goes on holding; None if it never does."""
+    held: list[tuple[_Window, float, dict]] = []
+    for window in windows:
+        said = reading(window)
+        if said is not None:
+            held.append((window, *said))
+        elif held:
+            break
+    if not held:
+        return None
+    first, last = held[0][0], held[-1][0]
+    values = [value for _, value, _ in held]
+    rule = held[0][2]
+    worst = min(values) if rule["rule"] == "<" else max(values)
+    return make(what, first.first, {
+        **rule, "steps": last.first + last.length - first.first,
+        "median": statistics.median(values), "worst": worst, "loss": first.level})
