@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ._errors import SomaError
+from ._text import table
 
 __all__ = ["main"]
 
@@ -71,9 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["worker"]:  # everything after it belongs to the worker's own parser
         return _worker(argv[1:])
     if argv[:1] == ["health"]:
-        from .health import command
-
-        return command(argv[1:])
+        return _health(argv[1:])
     if argv[:1] == ["demo"]:
         return _demo(argv[1:])
     arguments = _parser().parse_args(argv)
@@ -128,17 +127,6 @@ def _value(value: Any) -> str:
     if isinstance(value, (dict, list)):
         return "…"
     return str(value)
-
-
-def table(header: list[str], rows: list[list[str]], right: set[int] = frozenset()) -> list[str]:
-    """Rows aligned under a header; the columns in ``right`` flush right (numbers)."""
-    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
-
-    def line(cells: list[str]) -> str:
-        return "  ".join(str(c).rjust(w) if i in right else str(c).ljust(w)
-                         for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
-
-    return [line(header), line(["-" * w for w in widths])] + [line(row) for row in rows]
 
 
 def _runs(store: Any) -> list[str]:
@@ -217,7 +205,7 @@ def _show(store: Any, run: str, forward: int | None) -> list[str]:
 
 # -- report -------------------------------------------------------------------------------
 def _report(store: Any, run: str, output: str | None) -> None:
-    from .record import report
+    from .health import report
 
     target = output or f"{run}.html"
     folder = os.path.dirname(os.path.abspath(target))
@@ -296,23 +284,76 @@ def _serve(arguments: argparse.Namespace) -> None:
 def _export(arguments: argparse.Namespace) -> None:
     store = _reading(arguments)
     if arguments.tracker == "tensorboard":
+        from .health import diagnose
         from .record import export_tensorboard
 
-        folder = export_tensorboard(store, arguments.run, arguments.directory)
+        folder = export_tensorboard(store, arguments.run, arguments.directory,
+                                    findings=diagnose(store, arguments.run))
         print(f"wrote run {arguments.run} to {folder}; see it with: tensorboard --logdir "
               f"{arguments.directory}")
     else:
+        from .health import diagnose
         from .record import export_mlflow
 
         try:
             logged = export_mlflow(store, arguments.run, tracking_uri=arguments.tracking_uri,
-                                   experiment=arguments.experiment)
+                                   experiment=arguments.experiment,
+                                   findings=diagnose(store, arguments.run))
         except Exception as exc:  # MLflow's own errors are one line here, like ours
             if not type(exc).__module__.startswith("mlflow"):
                 raise
             raise Refused(f"MLflow refused it: {exc}") from None
         print(f"logged run {arguments.run} as MLflow run {logged} in experiment "
               f"{arguments.experiment!r}")
+
+
+# -- health -------------------------------------------------------------------------------
+def _health_parser() -> argparse.ArgumentParser:
+    from .health import DEFAULTS
+
+    parser = argparse.ArgumentParser(
+        prog="somatize health",
+        description="What the health rules find in a run's record (nothing is trained).")
+    parser.add_argument("store", metavar="STORE", help="the store's directory")
+    parser.add_argument("run", metavar="RUN", help="the run's name (see: somatize runs STORE)")
+    parser.add_argument("--threshold", "-t", action="append", default=[], metavar="NAME=VALUE",
+                        help=f"change one threshold; the names are {', '.join(DEFAULTS)}")
+    return parser
+
+
+def _health(argv: list[str]) -> int:
+    """``somatize health STORE RUN [--threshold NAME=VALUE ...]``: 0 with the findings
+    printed (or "no findings"), 2 with one line on stderr for a store, run or threshold
+    that cannot be used."""
+    from .health import findings_told, judged_facts, thresholds_from
+
+    try:
+        arguments = _health_parser().parse_args(argv)
+    except SystemExit as exc:  # argparse has said what was wrong (or printed --help)
+        return exc.code if isinstance(exc.code, int) else USAGE_ERROR
+    try:
+        thresholds = thresholds_from(_pairs(arguments.threshold))
+        facts = judged_facts(_store(arguments.store), arguments.run)
+    except (Refused, SomaError, OSError, ValueError, TypeError) as exc:
+        print(f"somatize health: {exc}", file=sys.stderr)
+        return USAGE_ERROR
+    _print(findings_told(arguments.run, facts, thresholds))
+    return 0
+
+
+def _pairs(pairs: list[str]) -> dict[str, float]:
+    out = {}
+    for pair in pairs:
+        name, equals, value = pair.partition("=")
+        try:
+            number = float(value) if equals else None
+        except ValueError:
+            number = None
+        if number is None:
+            raise Refused(f"--threshold takes NAME=VALUE with a number, such as dying=0.8, "
+                          f"not {pair!r}")
+        out[name.strip()] = number
+    return out
 
 
 # -- demo ---------------------------------------------------------------------------------

@@ -24,12 +24,13 @@ BLOCKED = textwrap.dedent("""
             return None
 
     sys.meta_path.insert(0, Blocked())
-    from somatize.health import command, diagnose, history, seen
+    from somatize.cli import main
+    from somatize.health import diagnose, history, seen
     from somatize.store import Store
 
     store = Store(sys.argv[1], durable=False)
     found = [f.as_dict() for f in diagnose(store, "r")]
-    status = command([sys.argv[1], "r"])
+    status = main(["health", sys.argv[1], "r"])
     loaded = sorted({m.split(".")[0] for m in sys.modules} & {"torch", "plotly", "numpy"})
     print(json.dumps({"found": found, "seen": seen(store, "r"), "status": status,
                       "loaded": loaded, "steps": len(history(store, "r")["body"]["act_zero"])}))

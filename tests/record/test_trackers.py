@@ -14,7 +14,7 @@ import pytest
 
 import somatize
 from somatize import Graph, Node, RecordError
-from somatize.health import diagnose, history
+from somatize.health import diagnose, findings_of, history
 from somatize.record import (Recorder, curve, export_mlflow, export_tensorboard, facts, forwards,
                              to_mlflow, to_tensorboard)
 from somatize.record._trackers import _key
@@ -102,8 +102,8 @@ def trained(place, request):
     torch.manual_seed(0)
     g = Graph.somatize(Lin(4, 8).named("body") >> Lin(8, 1).named("head"))
     recorder = Recorder(store, run="trained")
-    live_tb = to_tensorboard(root / "live-tb")
-    live_ml = to_mlflow(tracking_uri=mlflow_uri, run_name="trained") if mlflow_uri else None
+    live_tb = to_tensorboard(root / "live-tb", judge=findings_of)
+    live_ml = to_mlflow(tracking_uri=mlflow_uri, run_name="trained", judge=findings_of) if mlflow_uri else None
     trainer = Trainer(g, objective=torch.nn.functional.mse_loss,
                       optimizer=torch.optim.SGD(parameters(g), lr=0.05),
                       watching=[w for w in (recorder, live_tb, live_ml) if w], auditing=True)
@@ -142,7 +142,7 @@ def node_ms(store, run, node):
 def test_tensorboard_reads_back_what_the_record_holds(place, trained, tmp_path):
     _, store = place
     run = trained[0]
-    folder = export_tensorboard(store, run, tmp_path / "logs")
+    folder = export_tensorboard(store, run, tmp_path / "logs", findings=diagnose(store, run))
     assert folder == str(tmp_path / "logs" / run)
     read, texts = scalars(folder)
     assert read["loss"] == [(step, float32(v)) for step, v in zip(range(1, STEPS + 1), curve(store, run))]
@@ -160,7 +160,7 @@ def test_tensorboard_reads_back_what_the_record_holds(place, trained, tmp_path):
 @pytest.mark.slow
 def test_tensorboard_live_writes_what_the_export_writes(place, trained, tmp_path):
     root, store = place
-    exported = scalars(export_tensorboard(store, trained[0], tmp_path / "logs"))
+    exported = scalars(export_tensorboard(store, trained[0], tmp_path / "logs", findings=diagnose(store, trained[0])))
     assert scalars(root / "live-tb") == exported
     assert trained[1].where == str(root / "live-tb")
 
@@ -168,7 +168,7 @@ def test_tensorboard_live_writes_what_the_export_writes(place, trained, tmp_path
 def test_the_findings_reach_tensorboard_as_a_table(place, tmp_path):
     needs("tensorboard")
     _, store = place
-    read, texts = scalars(export_tensorboard(store, "dying", tmp_path / "logs"))
+    read, texts = scalars(export_tensorboard(store, "dying", tmp_path / "logs", findings=diagnose(store, "dying")))
     (step, table), = texts["findings"]
     assert step == STEPS
     assert "| body | dying | 1 | act_zero >= 0.9 for 12 steps (median 1, worst 1) |" in table
@@ -180,10 +180,10 @@ def test_the_findings_reach_tensorboard_as_a_table(place, tmp_path):
 def test_exporting_again_replaces_its_own_files_only(place, tmp_path):
     needs("tensorboard")
     _, store = place
-    folder = Path(export_tensorboard(store, "dying", tmp_path / "logs"))
+    folder = Path(export_tensorboard(store, "dying", tmp_path / "logs", findings=diagnose(store, "dying")))
     theirs = folder / "events.out.tfevents.0.elsewhere"
     theirs.write_bytes(b"")
-    export_tensorboard(store, "dying", tmp_path / "logs")
+    export_tensorboard(store, "dying", tmp_path / "logs", findings=diagnose(store, "dying"))
     ours = sorted(p.name for p in folder.iterdir() if p.name.endswith(".somatize"))
     assert len(ours) == 1 and theirs.exists()
     theirs.unlink()
@@ -226,7 +226,7 @@ def artifact(uri, run_id, path):
 def test_mlflow_reads_back_what_the_record_holds(place, trained, mlflow_uri):
     _, store = place
     run = trained[0]
-    run_id = export_mlflow(store, run, tracking_uri=mlflow_uri)
+    run_id = export_mlflow(store, run, findings=diagnose(store, run), tracking_uri=mlflow_uri)
     logged, info = metrics(mlflow_uri, run_id)
     assert logged["loss"] == list(zip(range(1, STEPS + 1), curve(store, run)))  # 64 bits: exact
     assert [v for _, v in logged["time/head"]] == node_ms(store, run, "head")
@@ -241,7 +241,7 @@ def test_mlflow_reads_back_what_the_record_holds(place, trained, mlflow_uri):
 @pytest.mark.slow
 def test_mlflow_live_logs_what_the_export_logs(place, trained, mlflow_uri):
     _, store = place
-    exported, _ = metrics(mlflow_uri, export_mlflow(store, trained[0], tracking_uri=mlflow_uri))
+    exported, _ = metrics(mlflow_uri, export_mlflow(store, trained[0], findings=diagnose(store, trained[0]), tracking_uri=mlflow_uri))
     live_id = trained[2].where.rsplit(" ", 1)[1]
     live, info = metrics(mlflow_uri, live_id)
     assert live == exported and info.info.status == "FINISHED"
@@ -251,7 +251,7 @@ def test_mlflow_live_logs_what_the_export_logs(place, trained, mlflow_uri):
 @pytest.mark.slow
 def test_the_findings_reach_mlflow(place, mlflow_uri):
     _, store = place
-    run_id = export_mlflow(store, "dying", tracking_uri=mlflow_uri, experiment="somatize")
+    run_id = export_mlflow(store, "dying", findings=diagnose(store, "dying"), tracking_uri=mlflow_uri, experiment="somatize")
     found = json.loads(artifact(mlflow_uri, run_id, "findings.json"))
     assert [(f["where"], f["what"], f["since"]) for f in found] == [("body", "dying", 1)]
     assert "| body | dying | 1 |" in artifact(mlflow_uri, run_id, "findings.md")

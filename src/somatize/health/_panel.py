@@ -14,7 +14,7 @@ from typing import Any
 
 from ._loss import LOSS
 from ._read import history_of, judged_facts
-from ._rules import Finding, findings_of, said
+from ._rules import Finding, findings_of
 
 __all__ = ["panel", "section"]
 
@@ -151,7 +151,7 @@ def table_html(findings: list[Finding]) -> str:
         return "<p>No findings at the default thresholds.</p>"
     cells = "".join(
         f"<tr><td>{html.escape(f.where)}</td><td>{html.escape(f.what)}</td>"
-        f"<td style='text-align:right'>{f.since}</td><td>{html.escape(said(f.evidence))}</td>"
+        f"<td style='text-align:right'>{f.since}</td><td>{html.escape(f.brief)}</td>"
         f"<td class='advice'>{html.escape(f.advice)}</td></tr>"
         for f in findings)
     return ("<table style='border-collapse:collapse;font-size:14px;margin-bottom:12px' "

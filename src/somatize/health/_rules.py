@@ -49,15 +49,20 @@ class Finding:
     advice: str = ""
 
     def __str__(self) -> str:
-        text = f"{self.where}: {self.what} since step {self.since} ({said(self.evidence)})"
+        text = f"{self.where}: {self.what} since step {self.since} ({brief(self.evidence)})"
         return f"{text} — {self.advice}" if self.advice else text
+
+    @property
+    def brief(self) -> str:
+        """Its evidence in a few words (``brief``)."""
+        return brief(self.evidence)
 
     def as_dict(self) -> dict[str, Any]:
         """The finding as plain data, the same in every process."""
         return asdict(self)
 
 
-def said(evidence: dict[str, Any]) -> str:
+def brief(evidence: dict[str, Any]) -> str:
     """Evidence in a few words: ``act_zero >= 0.9 for 12 steps (median 1, worst 1)``."""
     if "count" in evidence:
         return f"{evidence['count']} NaN or Inf {evidence['measure']}"
@@ -104,14 +109,14 @@ def diagnose(store: Any, run: str, **thresholds: float) -> list[Finding]:
     | ``window`` | 10 | measured steps a layer rule's condition has to hold |
     | ``loss_window`` | 40 | steps a run-level rule reads at once (all of them in a shorter run of at least six) |
     """
-    limits = _thresholds(thresholds)
+    limits = thresholds_from(thresholds)
     return findings_of(judged_facts(store, run), **limits)
 
 
 def findings_of(facts: list[dict[str, Any]], **thresholds: float) -> list[Finding]:
     """The findings in ``health`` and ``loss`` facts, as the Audit and a Trainer say
     them or a record holds them (the loss of step ``n`` being the ``n``-th)."""
-    limits = _thresholds(thresholds)
+    limits = thresholds_from(thresholds)
     window = int(limits["window"])
     history = history_of(facts)
     ends = _ends(facts)
@@ -134,7 +139,9 @@ def _maker(where: str) -> Callable[[str, int, dict[str, Any]], Finding]:
     return make
 
 
-def _thresholds(given: dict[str, Any]) -> dict[str, float]:
+def thresholds_from(given: dict[str, Any]) -> dict[str, float]:
+    """Every threshold, ``given`` over the defaults; an unknown name is a TypeError and a
+    value out of range a ValueError, each naming it."""
     unknown = sorted(set(given) - set(DEFAULTS))
     if unknown:
         raise TypeError(f"diagnose() has no threshold {', '.join(map(repr, unknown))}; the "

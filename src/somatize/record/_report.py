@@ -2,7 +2,9 @@
 
 A report is a list of sections, each asked in turn with ``(store, run)``; one answers
 ``(heading, body)`` where the body is a plotly figure or a piece of HTML, or None to
-leave itself out. ``SECTIONS`` is the list later parts extend.
+leave itself out. ``SECTIONS`` are the record's own (progress, where the time went);
+the layers above compose more around them (``somatize.health.report`` adds the health
+panel and the graph with its findings), handing them in as ``sections``.
 """
 
 from __future__ import annotations
@@ -17,12 +19,12 @@ from .._version import __version__
 from ._read import curve, run_of
 from ._recorder import check_run
 
-__all__ = ["SECTIONS", "Section", "drawing", "report"]
+__all__ = ["SECTIONS", "Section", "progress_section", "report", "spent_section"]
 
 Section = tuple[str, Any]
 
 
-def _progress(store: Any, run: str) -> Section | None:
+def progress_section(store: Any, run: str) -> Section | None:
     from ._figures import progress
 
     if not curve(store, run, "loss"):
@@ -31,43 +33,15 @@ def _progress(store: Any, run: str) -> Section | None:
     return ("Progress", progress(store, run))
 
 
-def _spent(store: Any, run: str) -> Section | None:
+def spent_section(store: Any, run: str) -> Section | None:
     from ._figures import spent
 
     return ("Where the time went", spent(store, run))
 
 
-def _health(store: Any, run: str) -> Section | None:
-    from ..health import (
-        section,  # health reads records: imported when asked, not before
-    )
-
-    return section(store, run)
-
-
-def drawing(graph: Any = None, inside: Any = None) -> Callable[[Any, str], Section | None]:
-    """A report section: ``graph`` — or, without one, the graph the run's Trainer
-    described in a ``graph`` fact — drawn with the audit's findings laid over it and
-    ``inside`` (``architecture``'s answer) opening its boxes. Nothing for a run that
-    neither was given nor described a graph."""
-    def section(store: Any, run: str) -> Section | None:
-        from .._described import rebuilt
-        from ..health import diagnose, overlay
-        from ._read import facts
-
-        drawn = graph
-        if drawn is None:
-            said = [f for f in facts(store, run, 0) if f.get("fact") == "graph"]
-            if not said:
-                return None
-            drawn = rebuilt(said[-1]["graph"])
-        flags = overlay(diagnose(store, run)) or None
-        return ("The graph", drawn.figure(overlay=flags, inside=inside))
-    return section
-
-
-#: What a report holds, in order; a list that later parts extend.
-SECTIONS: list[Callable[[Any, str], Section | None]] = [_progress, _health, drawing(), _spent]
+#: What a report of the record alone holds, in order. ``somatize.health.report`` puts
+#: the health panel and the graph with its findings between them.
+SECTIONS: list[Callable[[Any, str], Section | None]] = [progress_section, spent_section]
 
 _STYLE = """
 body { font-family: Helvetica, Arial, sans-serif; color: #222; margin: 24px auto;

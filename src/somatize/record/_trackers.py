@@ -136,13 +136,11 @@ class _Points:
 
 def _findings_text(findings: list[Any]) -> str:
     """The findings as a Markdown table (what TensorBoard's text tab and MLflow show)."""
-    from ..health._rules import said
-
     if not findings:
         return "No findings at the default thresholds."
     advised = any(getattr(f, "advice", None) for f in findings)
     head = ["where", "what", "since step", "evidence"] + (["what to try"] if advised else [])
-    rows = [[f.where, f.what, str(f.since), said(f.evidence)]
+    rows = [[f.where, f.what, str(f.since), f.brief]
             + ([str(getattr(f, "advice", None) or "")] if advised else []) for f in findings]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
@@ -208,10 +206,12 @@ class _EventFile:
         self.writer.close()
 
 
-def export_tensorboard(store: Any, run: str, directory: Any) -> str:
+def export_tensorboard(store: Any, run: str, directory: Any, *,
+                       findings: list[Any] | None = None) -> str:
     """Writes a run as TensorBoard event files in ``directory/<run>/`` and answers that
     folder; ``tensorboard --logdir directory`` then shows it beside any other run
-    exported there.
+    exported there. ``findings`` (``somatize.health.diagnose(store, run)``, as
+    ``somatize export`` passes them) are written as a text table.
 
     Exporting a run again replaces what an earlier export of it wrote there (the event
     files ending ``.somatize``), so a run that grew is shown once, whole. Needs
@@ -223,10 +223,9 @@ def export_tensorboard(store: Any, run: str, directory: Any) -> str:
     events = _EventFile(folder, flush_secs=120)
     try:
         points = _Points(events.scalar, counting=False)
-        if _replay(store, run, points):
-            from ..health import diagnose
-
-            events.findings(diagnose(store, run), points.measured, points.wall)
+        _replay(store, run, points)
+        if findings is not None:
+            events.findings(findings, points.measured, points.wall)
     finally:
         events.close()
     for path in earlier:  # the new file is whole; only now let the old ones go
@@ -287,24 +286,24 @@ class _MlflowRun:
 
 
 def export_mlflow(store: Any, run: str, *, tracking_uri: str | None = None,
-                  experiment: str = EXPERIMENT) -> str:
+                  experiment: str = EXPERIMENT, findings: list[Any] | None = None) -> str:
     """Logs a run to MLflow as a new MLflow run in ``experiment`` and answers its id.
 
     ``tracking_uri`` is MLflow's (``sqlite:///mlflow.db``, ``http://host:5000``); None
     is MLflow's own default (``MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db`` here).
     The MLflow run is named after the run and tagged ``somatize.run`` and
-    ``somatize.store``; each export makes a new one. Needs mlflow (the ``trackers``
-    extra).
+    ``somatize.store``; each export makes a new one. ``findings`` (as for
+    ``export_tensorboard``) are logged as artifacts and a tag. Needs mlflow (the
+    ``trackers`` extra).
     """
     listed(store, check_run(run))
     logged = _MlflowRun(tracking_uri, experiment, run, {
         "somatize.run": run, "somatize.store": str(getattr(store, "where", store))})
     status = "FAILED"
     try:
-        if _replay(store, run, _Points(logged.scalar, counting=False)):
-            from ..health import diagnose
-
-            logged.findings(diagnose(store, run))
+        _replay(store, run, _Points(logged.scalar, counting=False))
+        if findings is not None:
+            logged.findings(findings)
         status = "FINISHED"
     finally:
         logged.close(status)
@@ -315,8 +314,8 @@ def export_mlflow(store: Any, run: str, *, tracking_uri: str | None = None,
 class _Streaming:
     """What a live watcher holds: the points, where they go, and whether it is closed."""
 
-    def __init__(self, sink: Any):
-        self.sink = sink
+    def __init__(self, sink: Any, judge: Callable[[list], list] | None):
+        self.sink, self.judge = sink, judge
         self.points = _Points(sink.scalar, counting=True)
         self.lock = threading.Lock()
         self.closed = False
@@ -340,10 +339,8 @@ class _Streaming:
                 return
             self.closed = True
             self.points.end()
-            if self.points.health:
-                from ..health._rules import findings_of
-
-                self.sink.findings(findings_of(self.points.health), self.points.measured,
+            if self.points.health and self.judge is not None:
+                self.sink.findings(self.judge(self.points.health), self.points.measured,
                                    self.points.wall)
             self.sink.close()
 
@@ -358,8 +355,8 @@ class Streaming:
 
     __slots__ = ("__weakref__", "_done", "_held", "where")
 
-    def __init__(self, sink: Any, where: str):
-        self._held = _Streaming(sink)
+    def __init__(self, sink: Any, where: str, judge: Callable[[list], list] | None = None):
+        self._held = _Streaming(sink, judge)
         self.where = where
         self._done = weakref.finalize(self, self._held.close)
 
@@ -384,7 +381,8 @@ class Streaming:
         return f"Streaming({self.where!r})"
 
 
-def to_tensorboard(directory: Any, *, flush_secs: float = 2.0) -> Streaming:
+def to_tensorboard(directory: Any, *, flush_secs: float = 2.0,
+                   judge: Callable[[list], list] | None = None) -> Streaming:
     """A watcher that writes a run into ``directory`` as TensorBoard event files while it
     trains (``directory`` is the run's own folder, as for torch's ``SummaryWriter``).
 
@@ -395,14 +393,15 @@ def to_tensorboard(directory: Any, *, flush_secs: float = 2.0) -> Streaming:
             or not math.isfinite(flush_secs) or flush_secs <= 0:
         raise ValueError(f"flush_secs is a number of seconds above 0, not {flush_secs!r}")
     folder = os.fspath(directory)
-    return Streaming(_EventFile(folder, flush_secs), folder)
+    return Streaming(_EventFile(folder, flush_secs), folder, judge)
 
 
 def to_mlflow(*, tracking_uri: str | None = None, experiment: str = EXPERIMENT,
-              run_name: str | None = None) -> Streaming:
+              run_name: str | None = None,
+              judge: Callable[[list], list] | None = None) -> Streaming:
     """A watcher that logs a run to a new MLflow run while it trains, in batches at
     most two seconds old; ``run_name=recorder.run`` names it as the Recorder does.
     Needs mlflow (the ``trackers`` extra)."""
     logged = _MlflowRun(tracking_uri, experiment, run_name,
                         {"somatize.run": run_name} if run_name else {})
-    return Streaming(logged, f"{logged.client.tracking_uri} run {logged.run_id}")
+    return Streaming(logged, f"{logged.client.tracking_uri} run {logged.run_id}", judge)

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from .. import health, record
 from .._graph import Graph
 from .._node import Node, Opaque
 from ..record import Recorder
@@ -136,8 +137,6 @@ def main(argv: list[str] | None = None) -> int:
 def report(store: Store, run: str, history: list[float], inside: Any, path: str, g: Graph,
            took: float) -> None:
     """The table at the end, and the report beside it."""
-    from . import health, record
-
     ran = record.nodes(store, run)
     findings = health.diagnose(store, run)
     first, last = _mean(history[:10]), _mean(history[-10:])
@@ -153,10 +152,7 @@ def report(store: Store, run: str, history: list[float], inside: Any, path: str,
             say(f"finding: {finding.what} at {finding.where} since step {finding.since}")
     else:
         say("findings: none (the audit saw nothing unhealthy)")
-    from .record._report import SECTIONS, _health, _progress, _spent, drawing
-
-    assert len(SECTIONS) == 4  # progress, health, the graph, spent: ours draws what it ran
-    record.report(store, run, path, sections=[_progress, _health, drawing(g, inside), _spent])
+    health.report(store, run, path, graph=g, inside=inside)  # the graph as it ran, opened
     say(f"report: {os.path.abspath(path)} (opens offline)   done in {took:.0f} s")
     say(f"the worker's log: {os.path.join(os.path.abspath(store.where), 'worker.log')}")
     say(f"to look at it in a browser: somatize serve {shlex.quote(os.path.abspath(store.where))}")

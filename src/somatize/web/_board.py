@@ -199,13 +199,12 @@ def draw(store: Any, run: str, *, losses: bool = True) -> list[dict[str, Any]]:
     any loss to draw (the caller knows it already)."""
     try:
         from ..record import progress, spent
-        from ..record._report import drawing
 
         import plotly  # noqa: F401  (progress and spent import it only when they draw)
     except ImportError:
         return [{"key": "progress", "title": "Progress",
                  "note": "Drawing needs plotly, which is not installed: pip install 'somatize[web]'."}]
-    from ..health import diagnose, history, panel
+    from ..health import diagnose, drawing, history, panel
 
     if losses:
         out = [{"key": "progress", "title": "Progress", "figure": _figure(progress(store, run))}]
@@ -233,9 +232,7 @@ def draw(store: Any, run: str, *, losses: bool = True) -> list[dict[str, Any]]:
 
 
 def _finding(finding: Any) -> dict[str, Any]:
-    from ..health._rules import said
-
     advice = getattr(finding, "advice", None)  # newer than Finding: older ones have none
     return {"where": finding.where, "what": finding.what, "since": finding.since,
-            "evidence": said(finding.evidence),
+            "evidence": finding.brief,
             "advice": advice if advice is None or isinstance(advice, str) else str(advice)}
