@@ -5,6 +5,7 @@
     somatize report STORE RUN -o FILE.html   one HTML file that opens offline
     somatize health STORE RUN                what the audit's record says is unhealthy
     somatize worker ...                      a worker (python -m somatize.worker)
+    somatize token                           a fresh random token for workers and clients
     somatize demo [--store DIR] [--steps N]  the whole job, in a minute
 
 A mistake (a store that is not there, an unknown run, a forward out of range) is one
@@ -17,6 +18,7 @@ import argparse
 import datetime
 import math
 import os
+import secrets
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -50,6 +52,8 @@ def _parser() -> argparse.ArgumentParser:
     worker = commands.add_parser("worker", help="run a worker (the same as python -m somatize.worker)",
                                  add_help=False)
     worker.add_argument("rest", nargs=argparse.REMAINDER)
+    commands.add_parser("token", help="print a fresh random token (256 bits, URL-safe) for "
+                                      "SOMATIZE_TOKEN or --token-file")
     for name, said in (("health", "what the audit's record of a run says is unhealthy"),
                        ("demo", "the whole job: train, record, audit, report (needs torch)")):
         commands.add_parser(name, help=said, add_help=False).add_argument(
@@ -76,6 +80,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             _print(_show(_store(arguments.store), arguments.run, arguments.forward))
         elif arguments.command == "report":
             _report(_store(arguments.store), arguments.run, arguments.output)
+        elif arguments.command == "token":
+            _print([secrets.token_urlsafe(32)])
     except (Refused, SomaError, OSError, ImportError) as exc:
         print(f"somatize {arguments.command}: {exc}", file=sys.stderr)
         return USAGE_ERROR
