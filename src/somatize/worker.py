@@ -121,7 +121,10 @@ def _serve(host: str, port: int, token: bytes | None, tls: Any, timeout: float, 
     os.dup2(2, 1)
     say("listening on %s (token: %s, tls: %s, at most %d peers at once, %d of them "
         "unauthenticated)", server.address, "yes" if token else "no", "yes" if tls else "no",
-        bounds[0], bounds[1])
+        server.max_connections, server.max_unauthenticated)
+    if server.max_connections < bounds[0]:
+        say("at most %d peers rather than the %d asked: the descriptor limit is %d (raise it "
+            "with ulimit -n)", server.max_connections, bounds[0], server.descriptors)
     if token is not None and len(token) < _SHORT_TOKEN:
         say("the token is only %d bytes long: if it is a password rather than random bytes, "
             "one handshake seen on the network lets it be guessed offline; make a random one "

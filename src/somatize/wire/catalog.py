@@ -20,7 +20,7 @@ import threading
 from typing import Any
 
 from .._codec import BYTES, OPAQUE, TUPLE, _pack, loader
-from .._errors import DeclarationError, ProtocolError, UnwritableError
+from .._errors import DeclarationError, ProtocolError, SomaError, UnwritableError
 from .._graph import Graph
 
 __all__ = ["Elsewhere", "build", "catalog_id", "pack_nodes", "pack_values", "runtime_of",
@@ -203,7 +203,18 @@ def pack_one(value: Any, buffers: list[Any]) -> Any:
 
 
 def unpack_values(tree: Any, buffers: list[Any]) -> Any:
-    """A value alive again from a tree and the buffers as received."""
+    """A value alive again from a tree and the buffers as received.
+
+    A tree that is not one ``pack_values`` makes, or a buffer its codec cannot load,
+    is a ProtocolError (an UnwritableError when no codec of that kind is here).
+    """
+    try:
+        return _unpacked(tree, buffers)
+    except RecursionError:
+        raise ProtocolError("a value nested deeper than this process can unpack") from None
+
+
+def _unpacked(tree: Any, buffers: list[Any]) -> Any:
     cls = type(tree)
     if cls is dict:
         if OPAQUE in tree:
@@ -211,19 +222,24 @@ def unpack_values(tree: Any, buffers: list[Any]) -> Any:
         if BYTES in tree:
             return bytes(_buffer(buffers, tree[BYTES]))
         if TUPLE in tree:
-            return tuple(unpack_values(item, buffers) for item in tree[TUPLE])
-        return {key: unpack_values(item, buffers) for key, item in tree.items()}
+            items = tree[TUPLE]
+            if type(items) is not list:
+                raise ProtocolError(f"a tuple sent as a {type(items).__name__}, not a list")
+            return tuple(_unpacked(item, buffers) for item in items)
+        return {key: _unpacked(item, buffers) for key, item in tree.items()}
     if cls is list:
-        return [unpack_values(item, buffers) for item in tree]
+        return [_unpacked(item, buffers) for item in tree]
     return tree
 
 
 def _load(tree: dict[str, Any], buffers: list[Any]) -> Any:
     kind = tree[OPAQUE]
+    if type(kind) is not str:
+        raise ProtocolError(f"an opaque value whose codec kind is a {type(kind).__name__}, not a str")
     try:
         load = loader(kind)
     except UnwritableError:
-        if not (isinstance(kind, str) and kind.startswith("torch.")):
+        if not kind.startswith("torch."):
             raise
         # A worker holding no torch node still passes tensors on: the codec is ours.
         try:
@@ -235,11 +251,17 @@ def _load(tree: dict[str, Any], buffers: list[Any]) -> Any:
         load = loader(kind)
     buffer = _buffer(buffers, tree.get("buffer"))
     try:
-        return load(buffer)
-    except TypeError:
-        if type(buffer) is bytes:
-            raise
-        return load(bytes(buffer))  # a codec that insists on bytes gets bytes
+        try:
+            return load(buffer)
+        except TypeError:
+            if type(buffer) is bytes:
+                raise
+            return load(bytes(buffer))  # a codec that insists on bytes gets bytes
+    except SomaError:
+        raise
+    except Exception as exc:  # the codec's own error, whatever it is, says the bytes are bad
+        raise ProtocolError(f"a value sent as {kind!r} that its codec cannot load "
+                            f"({type(exc).__name__}: {exc})") from None
 
 
 def _buffer(buffers: list[Any], at: Any) -> Any:

@@ -140,9 +140,9 @@ class Link:
             values = unpack_values(head.get("v", {}), reply.buffers)
         except UnwritableError as exc:
             raise UnwritableError(f"host {host!r} answered slice {nodes} with {exc}") from None
-        except (KeyError, TypeError, AttributeError) as exc:
-            raise ProtocolError(f"host {host!r} answered with malformed values ({exc})",
-                                host=host) from None
+        except (ProtocolError, KeyError, TypeError, AttributeError) as exc:
+            raise ProtocolError(f"host {host!r} answered slice {nodes} with malformed values "
+                                f"({exc})", host=host) from None
         lost = head.get("l") or {}
         if type(values) is not dict or type(lost) is not dict:
             raise ProtocolError(f"host {host!r} answered with malformed values", host=host)
@@ -329,7 +329,7 @@ class Link:
         an older worker closes without a word on a hello it cannot read."""
         try:
             return self.channel.recv(HANDSHAKE, deadline=deadline)
-        except Closed as exc:
+        except (Closed, ConnectionResetError) as exc:  # reset: it left our hello unread
             raise self._broken(host, "as soon as it was greeted", exc, hint=(
                 f"; a worker of an older somatize (another wire protocol than {VERSION}) "
                 "does that: install the same somatize on both ends. Otherwise its log "

@@ -82,10 +82,13 @@ class Connection:
         try:
             if self.server.tls is not None:
                 self._wrap_tls()
-            self._handshake()
+            welcome = self._handshake()
+            # Counted as authenticated before the client hears so, so that what it was
+            # told holds: from here on it is never dropped to make room.
             if not self.server.authenticated(self):
                 raise Closed("dropped to make room")
             authenticated = True
+            self.channel.send("welcome", welcome)
             self.channel.sock.settimeout(self.server.timeout)
             say("%s: authenticated in %.1f ms", self.name, (time.perf_counter() - began) * 1e3)
             threading.Thread(target=self._beating, daemon=True).start()
@@ -133,8 +136,9 @@ class Connection:
         sock.do_handshake()
 
     # -- the handshake --------------------------------------------------------------
-    def _handshake(self) -> None:
-        """Client proves, then the worker: see docs/wire.md, "The handshake"."""
+    def _handshake(self) -> dict[str, Any]:
+        """Client proves, then the worker: see docs/wire.md, "The handshake". Answers
+        with the welcome to send once this connection is counted as authenticated."""
         channel, key, deadline = self.channel, self.server.key, self.deadline
         hello = self._greeted()
         client_nonce = hello.header.get("n")
@@ -167,7 +171,7 @@ class Connection:
             channel.most = most
         current = self.server.current()
         welcome.update(c=current[0] if current else None, i=self.server.instance)
-        channel.send("welcome", welcome)
+        return welcome
 
     def _greeted(self) -> Any:
         """The client's hello; a peer of another version is told which, in its own words."""
@@ -272,9 +276,11 @@ class Connection:
             return
         if forward != self.forward:  # what stayed for an earlier forward is nobody's now
             self.forward, self.held = forward, {}
+        self.busy_since = time.monotonic()  # a codec's first use may import it (torch: seconds)
         try:
             values = unpack_values(head.get("v", {}), frame.buffers)
         except SomaError as exc:
+            self.busy_since = None
             self._fail(exc, [])
             return
         refs = head.get("r", [])
@@ -287,6 +293,7 @@ class Connection:
         given = {node: wrap(value) for node, value in values.get("g", {}).items()}
         for ref in refs:
             if ref not in self.held:
+                self.busy_since = None
                 self._fail_lost(ref)
                 return
             given[ref] = wrap(self.held[ref])

@@ -23,6 +23,11 @@ import time
 import uuid
 from typing import Any
 
+try:
+    import resource
+except ImportError:  # Windows: no descriptor limit to read
+    resource = None
+
 from .connection import Connection, short
 from .log import Often, say
 from .protocol import VERSION, Limits, derive_key, new_salt, refusal
@@ -32,6 +37,15 @@ __all__ = ["Server", "say"]
 # What accept() says when the process or the system is out of something it needs.
 _EXHAUSTED = frozenset((errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM))
 _BACKOFF = (0.05, 1.0)  # the first pause after accept() ran out, and the longest
+_FAREWELLS = 32  # refused sockets waiting to be closed without a reset; past it, reset
+
+
+def _descriptor_limit() -> int | None:
+    """How many descriptors this process may hold (``ulimit -n``), where that is known."""
+    if resource is None:
+        return None
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return None if soft == resource.RLIM_INFINITY else soft
 
 
 class Server:
@@ -40,7 +54,9 @@ class Server:
     At most ``max_connections`` are held, of which at most ``max_unauthenticated``
     have not finished their handshake; a new connection that would pass either
     limit drops the oldest unauthenticated one, and is refused only when every
-    connection held is authenticated.
+    connection held is authenticated. ``max_connections`` is lowered to what the
+    descriptor limit leaves room for, keeping a quarter of it (at least 16) for
+    whatever else the worker and its nodes open.
     """
 
     def __init__(self, host: str, port: int, *, token: bytes | None = None,
@@ -53,7 +69,7 @@ class Server:
             raise ValueError(f"max_unauthenticated is between 1 and max_connections "
                              f"({max_connections}), not {max_unauthenticated}")
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self.listener = socket.create_server((host, port), family=family, backlog=128)
+        self.listener = socket.create_server((host, port), family=family, backlog=512)
         self.listener.setblocking(False)
         self.host = host
         self.port = self.listener.getsockname()[1]
@@ -61,7 +77,11 @@ class Server:
         self.salt = new_salt()
         self.key = derive_key(token, self.salt) if token is not None else None
         self.limits = limits or Limits()
-        self.max_connections, self.max_unauthenticated = max_connections, max_unauthenticated
+        self.descriptors = _descriptor_limit()
+        if self.descriptors is not None:  # a connection is a descriptor: past the limit, none
+            max_connections = min(max_connections, max(1, self.descriptors - max(16, self.descriptors // 4)))
+        self.max_connections = max_connections
+        self.max_unauthenticated = min(max_unauthenticated, max_connections)
         self.instance = uuid.uuid4().hex
         self.catalog: tuple[str, Any] | None = None
         self._catalog_lock = threading.Lock()
@@ -73,7 +93,10 @@ class Server:
         self._wake_read, self._wake_write = socket.socketpair()
         self._made_room = Often()
         self._full = Often()
+        self._out, self._back = Often(), Often()
         self._exhausted_since: float | None = None
+        self._farewells: dict[socket.socket, float] = {}  # refused, and when to close them
+        self._selector: selectors.BaseSelector | None = None
 
     @property
     def address(self) -> str:
@@ -81,7 +104,7 @@ class Server:
 
     def serve(self) -> None:
         """Accepts connections until ``stop``; returns once they are closed."""
-        selector = selectors.DefaultSelector()
+        selector = self._selector = selectors.DefaultSelector()
         selector.register(self._wake_read, selectors.EVENT_READ)
         listening, resume_at, pause = False, 0.0, _BACKOFF[0]
         try:
@@ -90,7 +113,10 @@ class Server:
                 if not listening and now >= resume_at:
                     selector.register(self.listener, selectors.EVENT_READ)
                     listening = True
-                ready = selector.select(None if listening else resume_at - now)
+                wake = min([*self._farewells.values()] + ([] if listening else [resume_at]),
+                           default=None)
+                ready = selector.select(None if wake is None else max(0.0, wake - now))
+                self._part(ready)
                 if not any(key.fileobj is self.listener for key, _ in ready) or self.stopping.is_set():
                     continue
                 if self._accept_all():
@@ -102,6 +128,8 @@ class Server:
                 listening, resume_at = False, time.monotonic() + pause
                 pause = min(pause * 2, _BACKOFF[1])
         finally:
+            for sock in self._farewells:
+                sock.close()
             selector.close()
             self._close_all()
 
@@ -127,17 +155,17 @@ class Server:
         with self._lock:
             made_room = self._drop_oldest_waiting()
             held = len(self._connections)
-        if self._exhausted_since is None:
+        if self._exhausted_since is None:  # once until it recovers (and rarely, if it flaps)
             self._exhausted_since = time.monotonic()
-            say("cannot accept connections: %s; serving the %d held%s, and accepting again "
-                "when descriptors free up (raise the limit: ulimit -n, or lower "
-                "--max-connections)", exc.strerror or exc, held,
-                ", less the oldest unauthenticated one" if made_room else "")
+            self._out("cannot accept connections: %s; serving the %d held%s, and accepting "
+                      "again when descriptors free up (raise the limit: ulimit -n)",
+                      exc.strerror or exc, held,
+                      " (less the oldest unauthenticated one)" if made_room else "")
 
     def _recovered(self) -> None:
         if self._exhausted_since is not None:
-            say("accepting connections again, after %.1f s without",
-                time.monotonic() - self._exhausted_since)
+            self._back("accepting connections again, after %.1f s without",
+                       time.monotonic() - self._exhausted_since)
             self._exhausted_since = None
 
     def _admit(self, sock: socket.socket, peer: Any) -> None:
@@ -178,8 +206,13 @@ class Server:
         return True
 
     def _refuse(self, sock: socket.socket) -> None:
-        """Turns a connection away when every one held is authenticated: a ``refused``
-        frame if the socket takes it at once, then closed."""
+        """Turns a connection away when every one held is authenticated, with a
+        ``refused`` frame that says why.
+
+        Closing it with the client's hello unread would send a reset, and a reset
+        discards the refusal before the client reads it: so the socket waits (in the
+        accept loop, not a thread) for the hello, or two seconds, before it is closed.
+        """
         self._full("refusing connections: all %d held are authenticated (--max-connections)",
                    self.max_connections)
         try:
@@ -187,8 +220,27 @@ class Server:
             sock.send(refusal(VERSION, f"this worker holds its most connections "
                                        f"({self.max_connections}); try again later"))
         except OSError:
-            pass
-        sock.close()
+            sock.close()
+            return
+        if len(self._farewells) >= _FAREWELLS:
+            sock.close()
+            return
+        self._farewells[sock] = time.monotonic() + 2.0
+        self._selector.register(sock, selectors.EVENT_READ, "farewell")
+
+    def _part(self, ready: list) -> None:
+        """Closes the refused sockets whose hello came in, or whose time is up."""
+        now = time.monotonic()
+        heard = [key.fileobj for key, _ in ready if key.data == "farewell"]
+        for sock in heard + [s for s, until in self._farewells.items() if until <= now]:
+            if self._farewells.pop(sock, None) is None:
+                continue
+            self._selector.unregister(sock)
+            try:
+                sock.recv(65536)
+            except OSError:
+                pass
+            sock.close()
 
     def authenticated(self, connection: Connection) -> bool:
         """Counts this connection as authenticated; False if it was dropped meanwhile."""
