@@ -162,9 +162,9 @@ def new_salt() -> bytes:
     return secrets.token_bytes(16)
 
 
-# About 2 MiB and a few milliseconds a derivation: once per worker process and once per
+# About 1 MiB and a few milliseconds a derivation: once per worker process and once per
 # worker a client talks to, but as much for every guess at a token a proof was seen with.
-_SCRYPT = {"n": 1 << 11, "r": 8, "p": 1}
+_SCRYPT = {"n": 1 << 10, "r": 8, "p": 1}
 
 
 @functools.lru_cache(maxsize=32)
