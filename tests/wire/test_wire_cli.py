@@ -127,9 +127,10 @@ def test_somatize_token_prints_a_fresh_token_a_worker_takes(standing):
     assert tokens[0] != tokens[1]
     assert len(base64.urlsafe_b64decode(tokens[0] + "=")) == 32  # 256 bits, URL-safe
     worker = standing(token=tokens[0])
-    assert "only" not in worker.log()  # long enough not to be warned about
     with Worker.at(worker.addr, token=tokens[0]) as w1:
         assert Graph.somatize(Shout().at("w1")).forward("x", broker={"w1": w1}) == "X"
+    log = worker.wait_log("closed by the client")  # so every line before it is written
+    assert "the token is only" not in log  # long enough not to be warned about
 
 
 def test_a_short_token_is_served_and_warned_about(standing):

@@ -154,7 +154,7 @@ def test_an_authenticated_client_is_never_locked_out_and_a_full_worker_says_so(s
 @pytest.mark.slow
 def test_idle_connections_cannot_take_the_descriptors_of_a_limited_worker(standing):
     worker = standing(files=64)
-    assert "the descriptor limit is 64" in worker.log()
+    worker.wait_log("the descriptor limit is 64")
     idle = [raw(worker.addr) for _ in range(80)]
     time.sleep(0.5)
     cpu = worker.cpu_seconds()

@@ -16,7 +16,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._engine import execute
 from .._errors import NodeError, ProtocolError, SomaError
@@ -35,6 +35,9 @@ from .protocol import (
     refusal,
     session_key,
 )
+
+if TYPE_CHECKING:  # the server hands itself in; nothing here calls it by name
+    from .server import Server
 
 __all__ = ["Connection", "short"]
 

@@ -142,8 +142,8 @@ class Server:
             except (BlockingIOError, InterruptedError, ConnectionAbortedError):
                 break
             except OSError as exc:
-                if exc.errno not in _EXHAUSTED:
-                    say("accepting a connection failed: %s", exc)
+                if exc.errno not in _EXHAUSTED:  # nothing we know of; pause as for the rest
+                    self._out("accepting a connection failed: %s", exc)
                     return False
                 self._exhausted(exc)
                 return False
