@@ -117,7 +117,8 @@ def test_a_flood_of_idle_connections_holds_few_threads_and_locks_nobody_out(stan
         flooding.set()
         watcher.join()
     assert held <= before + 16, (before, held)
-    assert peak[0] < before + 16 + 64, (before, peak[0])
+    # at the peak, those pushed out in one batch of accepts (64) may not have ended yet
+    assert peak[0] <= before + 16 + 2 * 64, (before, peak[0])
     log = worker.log()
     assert "to make room for a newer connection" in log
     assert log.count("\n") < 30  # 1,484 connections dropped, and a few lines to say so
