@@ -7,7 +7,7 @@ import time
 
 import pytest
 from wire_helpers import TOKEN, authenticated, standing  # noqa: F401  (a fixture)
-from wire_nodes import Echo
+from wire_nodes import Bigger, Echo
 
 from somatize import Graph, Worker
 from somatize.wire.protocol import PREFIX, encode
@@ -63,3 +63,30 @@ def test_what_arrives_in_full_is_the_same_bytes_across_every_step(standing):
         for size in (0, 1, (4 << 20) - 1, 4 << 20, (40 << 20) + 123):
             data = os.urandom(size)
             assert g.forward(data, broker={"w1": w1}) == data
+
+
+def test_a_frame_the_worker_would_refuse_is_refused_here_before_a_byte_goes(standing):
+    from somatize import ProtocolError
+
+    worker = standing("--max-frame", "100000")
+    g = Graph.somatize(Echo().at("w1"))
+    with Worker.at(worker.addr, token=TOKEN) as w1:
+        with pytest.raises(ProtocolError) as caught:
+            g.forward(bytes(200_000), broker={"w1": w1})
+        assert caught.value.host == "w1" and "--max-frame" in str(caught.value)
+        assert "over the far side's limit of 100000 bytes" in str(caught.value)
+        assert g.forward(b"small", broker={"w1": w1}) == b"small"  # the same connection, well
+    assert worker.wait_log("closed by the client").count(": authenticated in") == 1
+
+
+def test_an_answer_the_client_would_refuse_comes_back_as_an_error(standing):
+    from somatize import WireError
+    from somatize.wire.protocol import Limits
+
+    worker = standing()
+    g = Graph.somatize(Echo().at("w1"))
+    with Worker(worker.addr, token=TOKEN, limits=Limits(frame=300_000)) as w1:
+        with pytest.raises(WireError, match="too large for the client") as caught:
+            Graph.somatize(Bigger().at("w1")).forward(bytes(200_000), broker={"w1": w1})
+        assert caught.value.host == "w1" and "limits=Limits(frame=" in str(caught.value)
+        assert g.forward(b"small", broker={"w1": w1}) == b"small"
