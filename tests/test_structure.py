@@ -13,7 +13,7 @@ PACKAGE = SRC / "somatize"
 
 # The layers, lowest first; a module may import its own layer and those below it.
 LAYERS = [
-    ["somatize._errors", "somatize._optional", "somatize._version", "somatize._dsl",
+    ["somatize._errors", "somatize._optional", "somatize._version", "somatize._text", "somatize._dsl",
      "somatize._node", "somatize._codec", "somatize._keys", "somatize._plan"],
     ["somatize._graph", "somatize._described", "somatize.viz"],
     ["somatize.store"],
@@ -36,7 +36,7 @@ THIRD_PARTY = {
     "somatize.wire": {"msgpack", "cloudpickle"},
     "somatize.ray": {"ray"},
     "somatize.torch": {"torch", "numpy", "safetensors", "tqdm", "ipywidgets"},
-    "somatize.web": {"starlette", "uvicorn", "anyio"},
+    "somatize.web": {"starlette", "uvicorn", "anyio", "plotly"},
     "somatize.cli": set(),
     "somatize.report": {"plotly"},
 }

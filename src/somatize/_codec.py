@@ -17,18 +17,20 @@ import struct
 import sys
 import threading
 from collections.abc import Callable
+from importlib import import_module
 from typing import Any
 
 from ._errors import UnwritableError
 from ._node import Opaque
 
-__all__ = ["codec", "codec_for", "codec_modules", "codecs_registered", "dumps", "loads", "pack",
-           "pack_into", "pieces_of", "unpack"]
+__all__ = ["codec", "codec_for", "codec_modules", "codecs_registered", "dumps", "found_in",
+           "loads", "pack", "pack_into", "pieces_of", "unpack"]
 
 # kind -> (type, dump, load); type -> kind. Registration is rare; lookups are hot.
 _by_kind: dict[str, tuple[type, Callable[[Any], Any], Callable[[bytes], Any]]] = {}
 _by_type: dict[type, str] = {}
 _registered_in: dict[str, str] = {}  # kind -> the module that said it
+_elsewhere: dict[str, str] = {}  # kind -> the module another process said registers it
 _lock = threading.Lock()
 
 # The markers a packed tree uses. A user dict that has one of these as a key would be
@@ -80,11 +82,22 @@ def codec(kind: str, of_type: type, *, dump: Callable[[Any], Any], load: Callabl
         _registered_in.setdefault(kind, sys._getframe(1).f_globals.get("__name__", ""))
 
 
-def codec_modules() -> list[str]:
-    """The modules whose import registered today's codecs, so that another process (a
-    worker) can register the same ones by importing them."""
+def codec_modules() -> dict[str, str]:
+    """``{kind: module}``: the module whose import registered each of today's codecs, so
+    that another process (a worker) can register the same one when a value of that kind
+    first reaches it (``found_in``)."""
     with _lock:
-        return sorted({m for m in _registered_in.values() if m and m != "__main__"})
+        return {k: m for k, m in _registered_in.items() if m and m != "__main__"}
+
+
+def found_in(modules: dict[str, str]) -> None:
+    """Says where the codecs of these kinds are registered (``codec_modules`` of another
+    process): a kind nobody registered here is looked for there the first time a value
+    of it is read, by importing that module, and not before."""
+    with _lock:
+        for kind, module in modules.items():
+            if kind not in _by_kind:
+                _elsewhere[kind] = module
 
 def codecs_registered() -> dict[str, type]:
     """What has a codec today, ``{kind: type}``, in the order they were registered."""
@@ -112,6 +125,15 @@ def codec_for(value: Any) -> tuple[str, Callable[[Any], Any]]:
 
 def loader(kind: str) -> Callable[[bytes], Any]:
     entry = _by_kind.get(kind)
+    if entry is None and kind in _elsewhere:
+        try:
+            import_module(_elsewhere[kind])
+        except ImportError as exc:
+            raise UnwritableError(
+                f"a value was written with codec kind {kind!r}, which {_elsewhere[kind]} "
+                f"registers, and it cannot be imported here ({exc}); install what it needs "
+                "where this runs") from None
+        entry = _by_kind.get(kind)
     if entry is None:
         raise UnwritableError(
             f"a value was written with codec kind {kind!r}, which nobody registered here; "

@@ -19,7 +19,7 @@ ValueError`` keeps working for code that has never heard of somatize::
     ├── RecordError             ValueError   a run, forward or record that cannot be read
     ├── WireError               ConnectionError   a worker could not be reached or answered badly
     │   ├── Silent              TimeoutError      a connection quiet past its heartbeat
-    │   ├── Unauthorised        PermissionError   the token did not match
+    │   ├── Unauthorised        PermissionError   the token or the certificate did not match
     │   └── ProtocolError                         a frame that is not one
     ├── Lost                    LookupError  an output that stayed on the worker that made it
     ├── NoGradient              RuntimeError something the optimizer holds got no gradient
@@ -86,8 +86,8 @@ class NodeError(SomaError, ValueError):
     """A node raised while running.
 
     ``node`` is its id, ``host`` where it ran (None for here), ``kind`` the name of
-    the exception's type. Here the original is the ``__cause__``; from a worker only
-    its text crosses.
+    the exception's type. Here the original is the ``__cause__``; from a worker its
+    text crosses, and the worker's traceback, as text, is the cause.
     """
 
     def __init__(self, message: str, *, node: str, host: str | None = None, kind: str = ""):
@@ -134,7 +134,7 @@ class Silent(WireError, TimeoutError):
 
 
 class Unauthorised(WireError, PermissionError):
-    """The other end does not share our token."""
+    """The other end does not share our token, or its TLS certificate does not verify."""
 
 
 class ProtocolError(WireError):

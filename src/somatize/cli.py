@@ -8,6 +8,7 @@
     somatize export tensorboard STORE RUN DIR            a run as TensorBoard event files
     somatize export mlflow STORE RUN [--tracking-uri U]  a run as an MLflow run
     somatize worker ...                      a worker (python -m somatize.worker)
+    somatize token                           a fresh random token for workers and clients
     somatize demo [--store DIR] [--steps N]  the whole job, in a minute
 
 ``serve`` and ``export`` also read a store in a bucket: ``s3://BUCKET[/PREFIX]``, with
@@ -23,6 +24,7 @@ import argparse
 import datetime
 import math
 import os
+import secrets
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -59,6 +61,8 @@ def _parser() -> argparse.ArgumentParser:
     worker = commands.add_parser("worker", help="run a worker (the same as python -m somatize.worker)",
                                  add_help=False)
     worker.add_argument("rest", nargs=argparse.REMAINDER)
+    commands.add_parser("token", help="print a fresh random token (256 bits, URL-safe) for "
+                                      "SOMATIZE_TOKEN or --token-file")
     for name, said in (("health", "what the audit's record of a run says is unhealthy"),
                        ("demo", "the whole job: train, record, audit, report (needs torch)")):
         commands.add_parser(name, help=said, add_help=False).add_argument(
@@ -87,6 +91,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             _serve(arguments)
         elif arguments.command == "export":
             _export(arguments)
+        elif arguments.command == "token":
+            _print([secrets.token_urlsafe(32)])
     except KeyboardInterrupt:  # Ctrl-C is how a served page is stopped
         return 0
     except (Refused, SomaError, OSError, ImportError) as exc:

@@ -21,6 +21,8 @@ from typing import Any
 
 __all__ = ["main"]
 
+_SHORT_TOKEN = 16  # bytes: below this, a token is a password, and passwords get guessed
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -35,9 +37,15 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--tls-cert", metavar="CERT", help="serve TLS with this certificate chain")
     parser.add_argument("--tls-key", metavar="KEY", help="the certificate's private key")
     parser.add_argument("--timeout", type=float, default=30.0, metavar="S",
-                        help="how long a client may stay silent mid-frame or mid-handshake")
+                        help="how long a client may stay silent mid-frame, and take for its "
+                             "whole handshake (default 30)")
+    parser.add_argument("--max-connections", type=int, default=128, metavar="N",
+                        help="the most connections held at once (default 128)")
+    parser.add_argument("--max-unauthenticated", type=int, default=None, metavar="N",
+                        help="of which at most N still handshaking; the oldest makes room "
+                             "for a newer one (default 16)")
     parser.add_argument("--max-frame", type=int, default=None, metavar="BYTES",
-                        help="the largest frame accepted (default 16 GiB)")
+                        help="the largest frame accepted (default 4 GiB)")
     parser.add_argument("--max-header", type=int, default=None, metavar="BYTES",
                         help="the largest frame header accepted (default 64 MiB)")
     parser.add_argument("--log", metavar="FILE",
@@ -71,6 +79,13 @@ def main(argv: list[str] | None = None) -> int:
                            if v is not None})
     except ValueError as exc:
         parser.error(str(exc))
+    most = args.max_connections
+    waiting = min(16, most) if args.max_unauthenticated is None else args.max_unauthenticated
+    if most < 1:
+        parser.error(f"--max-connections is at least 1, not {most}")
+    if not 1 <= waiting <= most:
+        parser.error(f"--max-unauthenticated is between 1 and --max-connections ({most}), "
+                     f"not {waiting}")
     tls = _tls(parser, args.tls_cert, args.tls_key)
     log = None
     if args.log is not None:
@@ -78,21 +93,23 @@ def main(argv: list[str] | None = None) -> int:
             log = os.open(args.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         except OSError as exc:
             parser.error(f"--log {args.log}: {exc.strerror or exc}")
-    return _serve(host, port, token, tls, args.timeout, limits, log)
+    return _serve(host, port, token, tls, args.timeout, limits, log, (most, waiting))
 
 
 def _serve(host: str, port: int, token: bytes | None, tls: Any, timeout: float, limits: Any,
-           log: int | None = None) -> int:
+           log: int | None = None, bounds: tuple[int, int] = (128, 16)) -> int:
     from .wire.server import Server, say
 
     _die_with_parent()
     try:
-        server = Server(host, port, token=token, tls=tls, timeout=timeout, limits=limits)
+        server = Server(host, port, token=token, tls=tls, timeout=timeout, limits=limits,
+                        max_connections=bounds[0], max_unauthenticated=bounds[1])
     except OSError as exc:
         print(f"somatize.worker: cannot listen on {host}:{port}: {exc.strerror or exc}",
               file=sys.stderr)
         return 1
-    # Said before the first line: whoever read it may end this worker at once.
+    # Before the first line: a client that reads it may stop us at once, and must find
+    # the handlers in place.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: server.stop())
     print(f"listening on {server.address}", flush=True)
@@ -102,8 +119,16 @@ def _serve(host: str, port: int, token: bytes | None, tls: Any, timeout: float, 
     # Whatever a node prints goes to stderr from here on: a client that read the first
     # line may not read another, and a full pipe would stop the worker mid-slice.
     os.dup2(2, 1)
-    say("listening on %s (token: %s, tls: %s)", server.address, "yes" if token else "no",
-        "yes" if tls else "no")
+    say("listening on %s (token: %s, tls: %s, at most %d peers at once, %d of them "
+        "unauthenticated)", server.address, "yes" if token else "no", "yes" if tls else "no",
+        server.max_connections, server.max_unauthenticated)
+    if server.max_connections < bounds[0]:
+        say("at most %d peers rather than the %d asked: the descriptor limit is %d (raise it "
+            "with ulimit -n)", server.max_connections, bounds[0], server.descriptors)
+    if token is not None and len(token) < _SHORT_TOKEN:
+        say("the token is only %d bytes long: if it is a password rather than random bytes, "
+            "one handshake seen on the network lets it be guessed offline; make a random one "
+            "with: somatize token", len(token))
     server.serve()
     return 0
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from wire_helpers import TOKEN, child_env, standing  # noqa: F401  (a fixture)
+from wire_helpers import TOKEN, certificate, child_env, standing  # noqa: F401  (fixtures)
 from wire_nodes import Shout
 
 from somatize import Graph, WireError, Worker
@@ -52,6 +52,9 @@ def test_a_token_file_is_a_token(standing, tmp_path):
     (["--listen", "127.0.0.1:0", "--token-file", "/nonexistent/token"], "cannot read --token-file"),
     (["--listen", "127.0.0.1:0", "--timeout", "0"], "positive number"),
     (["--listen", "127.0.0.1:0", "--max-frame", "-1"], "Limits.frame"),
+    (["--listen", "127.0.0.1:0", "--max-connections", "0"], "--max-connections is at least 1"),
+    (["--listen", "127.0.0.1:0", "--max-connections", "4", "--max-unauthenticated", "5"],
+     "between 1 and --max-connections (4)"),
 ])
 def test_bad_arguments_are_named(args, said, capsys):
     with pytest.raises(SystemExit) as caught:
@@ -63,18 +66,6 @@ def test_a_port_in_use_is_said(standing):
     worker = standing()
     done = run_worker("--listen", worker.addr, SOMATIZE_TOKEN=TOKEN)
     assert done.returncode == 1 and worker.addr in done.stderr
-
-
-@pytest.fixture(scope="module")
-def certificate(tmp_path_factory):
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl is not installed")
-    where = tmp_path_factory.mktemp("tls")
-    cert, key = where / "cert.pem", where / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
-                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
-    return str(cert), str(key)
 
 
 def test_tls_carries_the_same_protocol(standing, certificate):
@@ -108,3 +99,42 @@ def test_the_log_can_go_to_a_file(tmp_path):
     assert proc.returncode == 0 and err == ""
     said = log.read_text()
     assert "listening on 127.0.0.1:" in said and "stopped" in said
+
+
+def test_a_certificate_that_does_not_verify_is_our_error_naming_the_host(standing, certificate):
+    import ssl
+
+    from somatize import Unauthorised
+
+    cert, key = certificate
+    worker = standing("--tls-cert", cert, "--tls-key", key)
+    g = Graph.somatize(Shout().at("w1"))
+    with pytest.raises(Unauthorised) as caught:  # the system's CAs never signed it
+        g.forward("x", broker={"w1": Worker.at(worker.addr, token=TOKEN, tls=True, timeout=5)})
+    error = caught.value
+    assert isinstance(error, WireError) and not isinstance(error, ssl.SSLError)
+    assert error.host == "w1" and worker.addr in str(error)
+    assert "certificate does not verify" in str(error) and "tls=" in str(error)
+
+
+def test_somatize_token_prints_a_fresh_token_a_worker_takes(standing):
+    import base64
+
+    made = [subprocess.run([sys.executable, "-m", "somatize", "token"], env=child_env(),
+                           capture_output=True, text=True, timeout=30) for _ in range(2)]
+    tokens = [done.stdout.strip() for done in made]
+    assert all(done.returncode == 0 and done.stderr == "" for done in made)
+    assert tokens[0] != tokens[1]
+    assert len(base64.urlsafe_b64decode(tokens[0] + "=")) == 32  # 256 bits, URL-safe
+    worker = standing(token=tokens[0])
+    with Worker.at(worker.addr, token=tokens[0]) as w1:
+        assert Graph.somatize(Shout().at("w1")).forward("x", broker={"w1": w1}) == "X"
+    log = worker.wait_log("closed by the client")  # so every line before it is written
+    assert "the token is only" not in log  # long enough not to be warned about
+
+
+def test_a_short_token_is_served_and_warned_about(standing):
+    worker = standing(token="hunter2")
+    worker.wait_log("the token is only 7 bytes long")
+    with Worker.at(worker.addr, token="hunter2") as w1:
+        assert Graph.somatize(Shout().at("w1")).forward("x", broker={"w1": w1}) == "X"

@@ -9,7 +9,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from somatize import ProtocolError
-from somatize.wire.protocol import HANDSHAKE, PREFIX, Limits, Session, decode, encode, proof, session_key
+from somatize.wire.protocol import (
+    HANDSHAKE,
+    PREFIX,
+    VERSION,
+    Limits,
+    OtherVersion,
+    Session,
+    decode,
+    derive_key,
+    encode,
+    proof,
+    refusal,
+    session_key,
+)
 
 ROOMY = Limits(header=1 << 20, frame=1 << 24, buffers=64)
 
@@ -92,6 +105,25 @@ def test_the_proofs_differ_by_side_and_by_nonce():
     assert proof(b"t", b"client", c, w) != proof(b"u", b"client", c, w)
 
 
+def test_the_key_is_the_token_through_scrypt_under_the_workers_salt():
+    salt = b"s" * 16
+    key = derive_key(b"token", salt)
+    assert key == hashlib.scrypt(b"token", salt=b"somatize wire 2 " + salt, n=1 << 10, r=8, p=1,
+                                 dklen=32)
+    assert key != derive_key(b"token", b"t" * 16) and key != derive_key(b"tokem", salt)
+
+
+def test_an_old_peer_is_refused_in_its_own_layout():
+    data = refusal(VERSION, "go away")
+    (frame,) = decode(data, HANDSHAKE)
+    assert frame.kind == "refused" and frame.header["why"] == "go away"
+    old = refusal(1, "go away")
+    assert old[:3] == b"SZ\x01" and old[3:] == data[3:]
+    with pytest.raises(OtherVersion) as caught:
+        decode(old, HANDSHAKE)
+    assert caught.value.version == 1 and isinstance(caught.value, ProtocolError)
+
+
 def test_big_ints_are_refused_with_a_reason():
     with pytest.raises(ProtocolError, match="64 bits"):
         encode("slice", {"v": 2 ** 70})
@@ -100,7 +132,7 @@ def test_big_ints_are_refused_with_a_reason():
 def valid_frames() -> list[bytes]:
     client, _ = pair()
     return [
-        joined(encode("hello", {"v": 1, "n": b"n" * 32, "t": 1.0})),
+        joined(encode("hello", {"v": VERSION, "n": b"n" * 32, "t": 1.0})),
         joined(encode("slice", {"n": ["a"], "v": {"g": {"a": [1, "x"]}}}, [b"abc", bytes(9)])),
         joined(encode("catalog", {"c": "sha256:" + hashlib.sha256(b"").hexdigest()}, [], client)),
     ]

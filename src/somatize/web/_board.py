@@ -235,4 +235,4 @@ def _finding(finding: Any) -> dict[str, Any]:
     advice = getattr(finding, "advice", None)  # newer than Finding: older ones have none
     return {"where": finding.where, "what": finding.what, "since": finding.since,
             "evidence": finding.brief,
-            "advice": advice if advice is None or isinstance(advice, str) else str(advice)}
+            "advice": None if not advice else advice if isinstance(advice, str) else str(advice)}

@@ -20,8 +20,8 @@ import pickle
 import threading
 from typing import Any
 
-from .._codec import codec_modules, pack_into, unpack
-from .._errors import DeclarationError, ProtocolError, UnwritableError
+from .._codec import codec_modules, found_in, pack_into, unpack
+from .._errors import DeclarationError, ProtocolError, SomaError, UnwritableError
 from .._graph import GraphData, describe, undescribed
 
 __all__ = ["Elsewhere", "build", "catalog_id", "pack_nodes", "pack_values", "runtime_of",
@@ -153,17 +153,13 @@ def build(kind: str, blob: Any, runtime: Any) -> GraphData:
 
 
 def _register_codecs(modules: Any) -> None:
-    """Imports the modules that registered the client's codecs, so that what it sends
-    (a tensor to a worker holding no torch node, say) is read back here the same way.
-    A module this worker cannot import leaves its kind unknown, which is said by name
-    when a value of it arrives."""
-    if type(modules) is not list or not all(type(m) is str for m in modules):
+    """Notes where the client's codecs are registered, so that what it sends (a tensor
+    to a worker holding no torch node, say) is read back here the same way; the module
+    is imported when a value of its kind first arrives, not with the catalog."""
+    if type(modules) is not dict or not all(
+            type(k) is str and type(m) is str for k, m in modules.items()):
         raise ProtocolError("a catalog whose codecs are malformed")
-    for module in modules:
-        try:
-            importlib.import_module(module)
-        except ImportError:
-            continue
+    found_in(modules)
 
 
 # -- values -------------------------------------------------------------------------
@@ -185,9 +181,18 @@ def pack_values(values: dict[str, Any], buffers: list[Any]) -> tuple[dict[str, A
 
 
 def unpack_values(tree: Any, buffers: list[Any]) -> Any:
-    """A value alive again from a tree and the buffers as received; a tree that points
-    at a buffer that is not there is a ProtocolError."""
+    """A value alive again from a tree and the buffers as received.
+
+    This is where bytes from the far side become values, so whatever a malformed tree
+    or a codec fed bad bytes raises is said here, once, as a ProtocolError (an
+    UnwritableError when no codec of that kind is here).
+    """
     try:
         return unpack(tree, buffers)
-    except IndexError:
-        raise ProtocolError(f"a value that points at a buffer out of the {len(buffers)} sent") from None
+    except SomaError:
+        raise
+    except RecursionError:
+        raise ProtocolError("a value nested deeper than this process can unpack") from None
+    except Exception as exc:  # a tree pack_values never makes, or bytes its codec refuses
+        raise ProtocolError(f"a value that cannot be unpacked ({type(exc).__name__}: "
+                            f"{exc})") from None

@@ -1,8 +1,9 @@
-"""Frames over a socket: sent without copying, read into buffers allocated once.
+"""Frames over a socket: sent without copying, read into buffers that grow as bytes come.
 
 A Channel knows nothing of workers or slices; it moves ``protocol`` frames and says
 how many bytes each took. A peer that closes mid-frame raises ``Closed``; a socket
-timeout escapes as ``TimeoutError`` for the caller to name (it knows the host).
+timeout, or a deadline passed, escapes as ``TimeoutError`` for the caller to name (it
+knows the host).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import threading
 import time
 from typing import Any
 
+from .._errors import ProtocolError
 from .protocol import (
     MAC_SIZE,
     PREFIX,
@@ -32,9 +34,15 @@ from .protocol import (
 
 __all__ = ["Channel", "Closed"]
 
-# Past this size a buffer is mapped pre-faulted: the kernel zeroes the pages in one
-# pass instead of one fault per page while the bytes arrive.
+# Past this size a buffer is mapped rather than allocated, and its pages are committed
+# in steps as its bytes arrive, each step no larger than what already came: a peer that
+# announces gigabytes gets as much memory as it sends, not what it announced. A step is
+# pre-faulted (MADV_POPULATE_WRITE) so the kernel zeroes its pages in one pass instead
+# of one fault per page while the bytes are copied in.
 _MAPPED = 1 << 22
+_LAZY = (mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+         | getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform.startswith("linux") else 0))
+_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23 if sys.platform.startswith("linux") else None)
 _IOV_MAX = 512
 
 
@@ -54,12 +62,13 @@ class Channel:
         self._prefix = bytearray(PREFIX)
         self._spare: list[Any] = []  # the last frame's large buffers, for the next one
         self._poller: Any = None
+        self.most: int | None = None  # the largest frame the far side said it accepts
 
     def send(self, kind: str, header: dict[str, Any] | None = None, buffers: Any = (),
              sealed: bool = False) -> int:
         """Sends one frame and returns how many bytes it took."""
         with self.lock:
-            pieces = encode(kind, header, list(buffers), self.session, sealed)
+            pieces = encode(kind, header, list(buffers), self.session, sealed, self.most)
             return self._send_pieces(pieces)
 
     def _send_pieces(self, pieces: list[Any]) -> int:
@@ -77,39 +86,56 @@ class Channel:
             views = _advance(views, self.sock.sendmsg(views[:_IOV_MAX]))
         return total
 
-    def recv(self, limits: Limits | None = None, patient: bool = False) -> Frame:
-        """Reads one whole frame, checked. Every read is bounded by the socket's
-        timeout; a ``patient`` reader waits as long as it takes for a frame to start."""
+    def recv(self, limits: Limits | None = None, patient: bool = False,
+             deadline: float | None = None, refusal_ok: bool = False) -> Frame:
+        """Reads one whole frame, checked.
+
+        Every read is bounded by the socket's timeout; a ``patient`` reader waits as
+        long as it takes for a frame to start, and one with a ``deadline`` (a
+        ``time.monotonic()``) is bounded by it in total, however the bytes trickle in.
+        ``refusal_ok`` accepts a ``refused`` frame without a MAC on a connection that
+        has a session, which is how a worker turns down a proof.
+        """
         limits = limits or self.limits
         prefix = self._prefix
-        self._fill(memoryview(prefix), patient)
+        self._fill(memoryview(prefix), patient, deadline)
         began = time.perf_counter_ns()
         flags, header_len, body_len, mac = split_prefix(prefix, limits)
-        raw = bytearray(header_len)
-        self._fill(memoryview(raw))
-        seq = check_header_mac(self.session, flags, prefix, raw, mac)
+        raw = self._receive(header_len, deadline)
+        seq = check_header_mac(self.session, flags, prefix, raw, mac, refusal_ok)
         kind, head, sizes = read_header(raw, body_len, limits)
-        buffers = [self._read_buffer(size) for size in sizes]
+        if seq is None and self.session is not None and kind != "refused":
+            raise ProtocolError(f"a {kind!r} frame without a MAC on an authenticated connection")
+        raw = None
+        buffers = [self._receive(size, deadline, reuse=True) for size in sizes]
         if buffers:
             self._spare = [b for b in buffers if len(b) >= _MAPPED]
         if flags & SEALED:
             trailer = bytearray(MAC_SIZE)
-            self._fill(memoryview(trailer))
+            self._fill(memoryview(trailer), deadline=deadline)
             check_seal(self.session, seq, mac, buffers, trailer)  # type: ignore[arg-type]
         size = PREFIX + header_len + body_len + (MAC_SIZE if flags & SEALED else 0)
         return Frame(kind, head, buffers, size, bool(flags & SEALED),
                      (time.perf_counter_ns() - began) // 1000)
 
-    def _read_buffer(self, size: int) -> Any:
+    def _receive(self, size: int, deadline: float | None = None, reuse: bool = False) -> Any:
+        """``size`` bytes off the socket, in memory committed only as they arrive."""
         if size < _MAPPED:
             buffer = bytearray(size)
-            self._fill(memoryview(buffer))
+            self._fill(memoryview(buffer), deadline=deadline)
             return buffer
-        space = self._reusable(size)
-        if space is None:
-            flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
-            space = mmap.mmap(-1, size, flags=flags)
-        self._fill(memoryview(space))
+        space = self._reusable(size) if reuse else None
+        fresh = space is None
+        if fresh:
+            space = mmap.mmap(-1, size, flags=_LAZY)
+        with memoryview(space) as view:
+            at = 0
+            while at < size:
+                end = min(size, max(_MAPPED, 2 * at))
+                if fresh:
+                    _commit(space, at, end)
+                self._fill(view[at:end], deadline=deadline)
+                at = end
         return space
 
     def _reusable(self, size: int) -> Any:
@@ -128,14 +154,20 @@ class Channel:
                 return space
         return None
 
-    def _fill(self, view: memoryview, patient: bool = False) -> None:
-        recv_into = self.sock.recv_into
+    def _fill(self, view: memoryview, patient: bool = False, deadline: float | None = None) -> None:
+        sock = self.sock
+        recv_into = sock.recv_into
         got, size = 0, view.nbytes
         while got < size:
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"the deadline passed with {got} of {size} bytes read")
+                sock.settimeout(left)
             try:
                 n = recv_into(view[got:])
             except TimeoutError:
-                if patient and not got:  # nothing began: an idle peer is not a silent one
+                if patient and not got and deadline is None:  # an idle peer is not a silent one
                     continue
                 raise
             if not n:
@@ -159,12 +191,34 @@ class Channel:
         except (OSError, ValueError):
             return False
 
-    def close(self) -> None:
+    def interrupt(self) -> None:
+        """Wakes whoever reads or writes this connection, from any thread.
+
+        The socket is shut down, not closed: its descriptor stays its reader's to
+        close, so it cannot be handed to another connection while still being read.
+        The plain socket's shutdown, even under TLS, since ``SSLSocket.shutdown``
+        drops the TLS state its reader may be using.
+        """
         try:
-            self.sock.shutdown(socket.SHUT_RDWR)
+            socket.socket.shutdown(self.sock, socket.SHUT_RDWR)
         except OSError:
             pass
+
+    def close(self) -> None:
+        self.interrupt()
         self.sock.close()
+
+
+def _commit(space: mmap.mmap, start: int, end: int) -> None:
+    """Pre-faults ``space[start:end]`` where the kernel can; elsewhere the pages fault in
+    as the bytes are copied, slower but the same."""
+    global _POPULATE_WRITE
+    if _POPULATE_WRITE is None:
+        return
+    try:
+        space.madvise(_POPULATE_WRITE, start, end - start)
+    except (OSError, ValueError, AttributeError):  # a kernel before 5.14 says EINVAL
+        _POPULATE_WRITE = None
 
 
 def _advance(views: list[memoryview], sent: int) -> list[memoryview]:

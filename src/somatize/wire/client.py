@@ -22,9 +22,9 @@ from .._slices import Outcome
 from .._errors import Lost, NodeError, ProtocolError, Silent, Unauthorised, UnwritableError, WireError
 from .catalog import unpack_values
 from .channel import Channel, Closed
-from .protocol import HANDSHAKE, VERSION, Session, new_nonce, proof, session_key
+from .protocol import HANDSHAKE, VERSION, Session, derive_key, new_nonce, proof, session_key
 
-__all__ = ["Link", "Outcome", "Staged"]
+__all__ = ["Link", "Outcome", "RemoteTraceback", "Staged"]
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,22 @@ class Staged:
     blob_id: str
     blob: bytes
     runtime: dict[str, Any]
+
+
+class RemoteTraceback(Exception):
+    """The traceback of an exception raised on a worker, as the text it printed there.
+
+    It is the ``__cause__`` of the error raised here (or of that error's own cause), so
+    printing the error's traceback shows the worker's frames above it, the way
+    ``concurrent.futures`` shows a child process's.
+    """
+
+    def __init__(self, text: str, host: str):
+        super().__init__(text)
+        self.text, self.host = text, host
+
+    def __str__(self) -> str:
+        return f"on host {self.host!r}:\n{self.text.rstrip()}"
 
 
 # What a worker's refusal is called there, and what it becomes here.
@@ -77,6 +93,8 @@ class Link:
                 began = time.perf_counter_ns()
                 try:
                     sent = self.channel.send("slice", header, buffers)
+                except ProtocolError as exc:  # refused before a byte went: the connection is well
+                    raise self._too_large(host, f"slice {nodes}", exc) from None
                 except TimeoutError:
                     raise self._silent(host, f"while sending slice {nodes}") from None
                 except OSError as exc:
@@ -114,9 +132,9 @@ class Link:
             values = unpack_values(head.get("v", {}), reply.buffers)
         except UnwritableError as exc:
             raise UnwritableError(f"host {host!r} answered slice {nodes} with {exc}") from None
-        except (KeyError, TypeError, AttributeError) as exc:
-            raise ProtocolError(f"host {host!r} answered with malformed values ({exc})",
-                                host=host) from None
+        except (ProtocolError, KeyError, TypeError, AttributeError) as exc:
+            raise ProtocolError(f"host {host!r} answered slice {nodes} with malformed values "
+                                f"({exc})", host=host) from None
         lost = head.get("l") or {}
         if type(values) is not dict or type(lost) is not dict:
             raise ProtocolError(f"host {host!r} answered with malformed values", host=host)
@@ -135,18 +153,25 @@ class Link:
     def _refusal(self, host: str, nodes: list[str], head: dict[str, Any],
                  facts: list[dict]) -> Exception:
         what, message = head.get("e"), str(head.get("m", ""))
+        remote = RemoteTraceback(str(head["tb"]), host) if head.get("tb") else None
         if what == "NodeError":
             kind = str(head.get("kind", ""))
             exc: Exception = NodeError(f"{message} on host {host!r}", node=str(head.get("node")),
                                        host=host, kind=kind)
             if kind in _PLAIN:  # one of ours (OutOfStep, say): the same cause as here
                 exc.__cause__ = _PLAIN[kind](f"{head.get('cause', message)} (on host {host!r})")
-        elif what == "Lost":
+                exc.__cause__.__cause__ = remote
+            else:
+                exc.__cause__ = remote
+            exc.facts = facts  # type: ignore[attr-defined]
+            return exc
+        if what == "Lost":
             exc = Lost(f"{message} (host {host!r})", node=str(head.get("node")), host=host)
         elif what in _PLAIN:
             exc = _PLAIN[what](f"{message} (on host {host!r})")
         else:
             exc = WireError(f"host {host!r} could not run slice {nodes}: {what}: {message}", host=host)
+        exc.__cause__ = remote
         exc.facts = facts  # type: ignore[attr-defined]
         return exc
 
@@ -177,8 +202,16 @@ class Link:
             hint = (f"; in mode='project' the worker imports module {module!r} from its own "
                     "installation: install it there (or put it on its PYTHONPATH), or use "
                     f"mode='network', send=[{module!r}] so the code travels")
-        return WireError(f"host {host!r} cannot load the catalog it was sent: "
-                         f"{head.get('m')}{hint}", host=host)
+        refused = WireError(f"host {host!r} cannot load the catalog it was sent: "
+                            f"{head.get('m')}{hint}", host=host)
+        if head.get("tb"):
+            refused.__cause__ = RemoteTraceback(str(head["tb"]), host)
+        return refused
+
+    def _too_large(self, host: str, what: str, exc: ProtocolError) -> ProtocolError:
+        return ProtocolError(
+            f"host {host!r} ({self.worker._where(host)}) cannot take {what}: {exc}; start the "
+            "worker with a larger --max-frame (or send less at once)", host=host)
 
     # -- the connection -------------------------------------------------------------
     def _open(self, host: str) -> bool:
@@ -203,7 +236,7 @@ class Link:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             if worker.tls is not None:
-                sock = worker.tls.wrap_socket(sock, server_hostname=address[0])
+                sock = self._tls(host, sock, address[0])
             self.channel = Channel(sock, worker.limits)
             self._handshake(host)
         except BaseException:
@@ -214,11 +247,33 @@ class Link:
             raise
         return True
 
+    def _tls(self, host: str, sock: socket.socket, name: str) -> ssl.SSLSocket:
+        """``sock`` wrapped in TLS, the worker's certificate checked against ``name``."""
+        where = self.worker._where(host)
+        try:
+            return self.worker.tls.wrap_socket(sock, server_hostname=name)
+        except ssl.SSLCertVerificationError as exc:
+            raise Unauthorised(
+                f"host {host!r} ({where}): its TLS certificate does not verify: "
+                f"{exc.verify_message or exc.reason or exc}; give Worker.at(..., tls=) the CA "
+                f"that signed it (the path of a PEM file, or an ssl.SSLContext), and a "
+                f"certificate that names {name!r}", host=host) from None
+        except TimeoutError:
+            raise Silent(f"host {host!r} ({where}): the TLS handshake did not finish within "
+                         f"{self.worker.timeout:g} s", host=host) from None
+        except (ssl.SSLError, OSError) as exc:
+            raise WireError(
+                f"host {host!r} ({where}): the TLS handshake failed: {exc}; is the worker "
+                "serving TLS (--tls-cert/--tls-key)?", host=host) from None
+
     def _handshake(self, host: str) -> None:
+        """We prove we hold the token, then the worker does: see docs/wire.md."""
         channel, token, where = self.channel, self.worker.token, self.worker._where(host)
+        deadline = time.monotonic() + self.worker.timeout
         client_nonce = new_nonce()
-        self._request(host, "hello", {"v": VERSION, "n": client_nonce, "t": self.worker.timeout})
-        challenge = self._answer(host, "while greeting it", HANDSHAKE)
+        self._request(host, "hello", {"v": VERSION, "n": client_nonce, "t": self.worker.timeout,
+                                      "f": self.worker.limits.frame})
+        challenge = self._greeting(host, deadline)
         head = challenge.header
         if challenge.kind == "refused":
             raise ProtocolError(f"host {host!r} ({where}) refused us: {head.get('why')}", host=host)
@@ -226,59 +281,115 @@ class Link:
             raise ProtocolError(
                 f"host {host!r} ({where}) speaks wire protocol {head.get('v')!r} and this client "
                 f"{VERSION}; install the same somatize on both ends", host=host)
-        worker_nonce = head.get("n")
+        worker_nonce, salt = head.get("n"), head.get("s")
         if type(worker_nonce) is not bytes or len(worker_nonce) != 32:
             raise ProtocolError(f"host {host!r} ({where}) sent a challenge without a nonce", host=host)
         if head.get("a") and token is None:
+            self._refuse(host, "this client has no token")
             raise Unauthorised(
                 f"host {host!r} ({where}) asks for a token and this client has none; give it "
                 "the worker's: Worker.at(..., token=...) or SOMATIZE_TOKEN", host=host)
         if not head.get("a") and token is not None:
+            self._refuse(host, "this client has a token and the worker does not ask for one")
             raise Unauthorised(
                 f"host {host!r} ({where}) does not ask for a token, so it cannot prove it knows "
                 "ours; start the worker with the same token (SOMATIZE_TOKEN or --token-file), "
                 "or drop the client's", host=host)
+        key = None
         if token is not None:
-            said = head.get("p")
-            if type(said) is not bytes or not hmac.compare_digest(
-                    said, proof(token, b"worker", client_nonce, worker_nonce)):
-                self._request(host, "refused", {"why": "the worker's proof does not match our token"})
-                raise Unauthorised(
-                    f"host {host!r} ({where}) does not know our token (its proof does not match); "
-                    "give both ends the same SOMATIZE_TOKEN", host=host)
-            self._request(host, "proof", {"p": proof(token, b"client", client_nonce, worker_nonce)})
-            channel.session = Session(session_key(token, client_nonce, worker_nonce), b"C")
-        welcome = self._answer(host, "while greeting it", HANDSHAKE)
-        if welcome.kind != "welcome":
-            raise Unauthorised(f"host {host!r} ({where}) refused us: {welcome.header.get('why')}",
-                               host=host)
+            if type(salt) is not bytes or not 8 <= len(salt) <= 64:
+                raise ProtocolError(f"host {host!r} ({where}) sent a challenge without a salt",
+                                    host=host)
+            key = derive_key(token, salt)
+            self._request(host, "proof", {"p": proof(key, b"client", client_nonce, worker_nonce)})
+            channel.session = Session(session_key(key, client_nonce, worker_nonce), b"C")
+        welcome = self._welcome(host, deadline)
+        said = welcome.header.get("p")
+        if key is not None and (type(said) is not bytes or not hmac.compare_digest(
+                said, proof(key, b"worker", client_nonce, worker_nonce))):
+            self._drop()
+            raise Unauthorised(
+                f"host {host!r} ({where}) does not know our token (its proof does not match); "
+                "give both ends the same SOMATIZE_TOKEN", host=host)
+        most = welcome.header.get("f")
+        channel.most = most if type(most) is int and most > 0 else None
         self.instance = welcome.header.get("i")
         self.declared = None
+
+    def _greeting(self, host: str, deadline: float) -> Any:
+        """The worker's answer to our hello; silence and a close are named here, since
+        an older worker closes without a word on a hello it cannot read."""
+        try:
+            return self.channel.recv(HANDSHAKE, deadline=deadline)
+        except (Closed, ConnectionResetError) as exc:  # reset: it left our hello unread
+            raise self._broken(host, "as soon as it was greeted", exc, hint=(
+                f"; a worker of an older somatize (another wire protocol than {VERSION}) "
+                "does that: install the same somatize on both ends. Otherwise its log "
+                "says why")) from None
+        except (TimeoutError, ProtocolError, OSError) as exc:
+            raise self._translated(host, "while greeting it", exc) from None
+
+    def _welcome(self, host: str, deadline: float) -> Any:
+        """The worker's answer to our proof: a welcome, or a refusal (without a MAC,
+        since a worker that turns the proof down has no key in common with us)."""
+        try:
+            welcome = self.channel.recv(HANDSHAKE, deadline=deadline, refusal_ok=True)
+        except ProtocolError as exc:
+            self._drop()
+            raise Unauthorised(f"host {host!r} ({self.worker._where(host)}) answered our proof "
+                               f"with a frame that does not prove it knows our token ({exc})",
+                               host=host) from None
+        except (TimeoutError, OSError) as exc:
+            raise self._translated(host, "while greeting it", exc) from None
+        if welcome.kind == "refused":
+            self._drop()
+            raise Unauthorised(f"host {host!r} ({self.worker._where(host)}) refused us: "
+                               f"{welcome.header.get('why')}; give both ends the same "
+                               "SOMATIZE_TOKEN", host=host)
+        if welcome.kind != "welcome":
+            self._drop()
+            raise ProtocolError(f"host {host!r} answered our greeting with {welcome.kind!r}",
+                                host=host)
+        self.channel.sock.settimeout(self.worker.timeout)
+        return welcome
+
+    def _refuse(self, host: str, why: str) -> None:
+        """Tells the worker why we go, so its log says so; it may be gone already."""
+        try:
+            self.channel.send("refused", {"why": why})
+        except OSError:
+            pass
 
     def _request(self, host: str, kind: str, header: dict[str, Any] | None = None,
                  buffers: list[Any] = (), sealed: bool = False) -> int:
         try:
             return self.channel.send(kind, header, buffers, sealed)
+        except ProtocolError as exc:
+            raise self._too_large(host, f"a {kind!r} frame", exc) from None
         except TimeoutError:
             raise self._silent(host, f"while sending {kind!r}") from None
         except OSError as exc:
             raise self._broken(host, f"while sending {kind!r}", exc) from None
 
-    def _answer(self, host: str, doing: str, limits: Any = None) -> Any:
+    def _answer(self, host: str, doing: str) -> Any:
         """The next frame that is not a heartbeat; a silence past the timeout is Silent."""
         channel = self.channel
         try:
             while True:
-                frame = channel.recv(limits)
+                frame = channel.recv()
                 if frame.kind != "beat":
                     return frame
-        except TimeoutError:
-            raise self._silent(host, doing) from None
-        except ProtocolError as exc:
+        except (TimeoutError, ProtocolError, OSError) as exc:
+            raise self._translated(host, doing, exc) from None
+
+    def _translated(self, host: str, doing: str, exc: BaseException) -> WireError:
+        """What a failure to read from the worker is called, naming the host."""
+        if isinstance(exc, TimeoutError):
+            return self._silent(host, doing)
+        if isinstance(exc, ProtocolError):
             self._drop()
-            raise ProtocolError(f"host {host!r} ({self.worker._where(host)}): {exc}", host=host) from None
-        except (Closed, OSError, ssl.SSLError) as exc:
-            raise self._broken(host, doing, exc) from None
+            return ProtocolError(f"host {host!r} ({self.worker._where(host)}): {exc}", host=host)
+        return self._broken(host, doing, exc)
 
     def _silent(self, host: str, doing: str) -> Silent:
         self._drop()
@@ -289,11 +400,11 @@ class Link:
             "only slow, raise the timeout (Worker.at(..., timeout=) or SOMATIZE_TIMEOUT)",
             host=host)
 
-    def _broken(self, host: str, doing: str, exc: BaseException) -> WireError:
+    def _broken(self, host: str, doing: str, exc: BaseException, hint: str = "") -> WireError:
         self._drop()
         return WireError(
             f"host {host!r} ({self.worker._where(host)}) closed the connection {doing}: the "
-            f"worker died or dropped us ({exc}); its log says why", host=host)
+            f"worker died or dropped us ({exc}){hint or '; its log says why'}", host=host)
 
     def _drop(self) -> None:
         channel, self.channel = self.channel, None

@@ -15,7 +15,9 @@ are (a tensor's bytes never become a list of floats)::
     ...    32   only when SEALED: MAC over (direction, sequence, MAC, buffers)
 
 The MAC is keyed BLAKE2b-256 under a key fresh for each connection, derived with
-HMAC-SHA256 from the token and both sides' nonces at the handshake.
+HMAC-SHA256 from both sides' nonces and the worker's key: the token stretched by
+scrypt under a salt the worker draws when it starts, so that every guess at a token
+seen on the network costs milliseconds rather than a microsecond.
 
 Every size is checked against ``Limits`` before anything is allocated, and the header's
 MAC is checked before its buffers are read, so a peer without the token can make us
@@ -29,8 +31,10 @@ describes the messages built on top.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
+import secrets
 import struct
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,17 +51,23 @@ __all__ = [
     "VERSION",
     "Frame",
     "Limits",
+    "OtherVersion",
     "Session",
     "decode",
+    "derive_key",
     "encode",
     "new_nonce",
+    "new_salt",
     "proof",
     "read_header",
+    "refusal",
     "session_key",
     "split_prefix",
 ]
 
-VERSION = 1
+#: 2: the client proves it holds the token first, the worker answers after, and the
+#: MAC key is the token stretched by scrypt. 1 (somatize 1.0) had the worker prove first.
+VERSION = 2
 MAGIC = b"SZ"
 MACED, SEALED = 1, 2
 _PREFIX = struct.Struct("<2sBBIQ")
@@ -83,7 +93,7 @@ class Limits:
     """
 
     header: int = 64 << 20
-    frame: int = 16 << 30
+    frame: int = 4 << 30
     buffers: int = 1 << 16
 
     def __post_init__(self) -> None:
@@ -136,31 +146,64 @@ class Session:
         return mac.digest()
 
 
-def new_nonce() -> bytes:
-    import secrets
+class OtherVersion(ProtocolError):
+    """A frame of another version of the protocol; ``version`` is the one it speaks."""
 
+    def __init__(self, message: str, version: int):
+        super().__init__(message)
+        self.version = version
+
+
+def new_nonce() -> bytes:
     return secrets.token_bytes(32)
 
 
-def proof(token: bytes, who: bytes, client_nonce: bytes, worker_nonce: bytes) -> bytes:
-    """What ``who`` (b"client" or b"worker") sends to show it knows the token."""
-    return hmac.new(token, b"somatize proof " + who + client_nonce + worker_nonce,
+def new_salt() -> bytes:
+    return secrets.token_bytes(16)
+
+
+# About 1 MiB and a few milliseconds a derivation: once per worker process and once per
+# worker a client talks to, but as much for every guess at a token a proof was seen with.
+_SCRYPT = {"n": 1 << 10, "r": 8, "p": 1}
+
+
+@functools.lru_cache(maxsize=32)
+def derive_key(token: bytes, salt: bytes) -> bytes:
+    """The key proofs and sessions are made with: ``token`` stretched by scrypt."""
+    return hashlib.scrypt(token, salt=b"somatize wire 2 " + salt, dklen=32, **_SCRYPT)
+
+
+def proof(key: bytes, who: bytes, client_nonce: bytes, worker_nonce: bytes) -> bytes:
+    """What ``who`` (b"client" or b"worker") sends to show it holds the key."""
+    return hmac.new(key, b"somatize proof " + who + client_nonce + worker_nonce,
                     hashlib.sha256).digest()
 
 
-def session_key(token: bytes, client_nonce: bytes, worker_nonce: bytes) -> bytes:
+def session_key(key: bytes, client_nonce: bytes, worker_nonce: bytes) -> bytes:
     """The key this one connection MACs its frames with: fresh nonces, fresh key."""
-    return hmac.new(token, b"somatize session" + client_nonce + worker_nonce,
+    return hmac.new(key, b"somatize session" + client_nonce + worker_nonce,
                     hashlib.sha256).digest()
+
+
+def refusal(version: int, why: str) -> bytes:
+    """A ``refused`` frame a peer speaking ``version`` can read.
+
+    Every version keeps the prefix and an unauthenticated ``refused`` frame as they
+    are, so whichever side is older learns why it was turned away.
+    """
+    raw = msgpack.packb({"k": "refused", "why": why}, use_bin_type=True)
+    return _PREFIX.pack(MAGIC, version, 0, len(raw), 0) + _NO_MAC + raw
 
 
 # -- encoding -----------------------------------------------------------------------
 def encode(kind: str, header: dict[str, Any] | None = None, buffers: list[Any] = (),
-           session: Session | None = None, sealed: bool = False) -> list[Any]:
+           session: Session | None = None, sealed: bool = False,
+           most: int | None = None) -> list[Any]:
     """A frame as the pieces to send, in order; buffers are not copied.
 
     ``session`` MACs it (and advances the send counter); ``sealed`` adds a MAC over
-    the buffers, where there is a session to make one with.
+    the buffers, where there is a session to make one with. A frame larger than
+    ``most`` bytes (what the far side accepts) is refused before the counter moves.
     """
     parts = [_parts(b) for b in buffers]
     views = [v for group in parts for v in group]
@@ -176,6 +219,9 @@ def encode(kind: str, header: dict[str, Any] | None = None, buffers: list[Any] =
             "send it as a str, or wrap it in Opaque with a codec"
         ) from None
     body = sum(v.nbytes for v in views)
+    if most is not None and PREFIX + len(raw) + body > most:
+        raise ProtocolError(f"a {kind!r} frame of {PREFIX + len(raw) + body} bytes is over "
+                            f"the far side's limit of {most} bytes")
     flags = 0
     if session is not None:
         flags |= MACED | (SEALED if sealed and parts else 0)
@@ -216,9 +262,9 @@ def split_prefix(prefix: bytes | bytearray | memoryview, limits: Limits) -> tupl
     if magic != MAGIC:
         raise ProtocolError(f"not a somatize frame (it starts {bytes(prefix[:2])!r}, not {MAGIC!r})")
     if version != VERSION:
-        raise ProtocolError(
+        raise OtherVersion(
             f"a frame of wire protocol {version}, and this side speaks {VERSION}; "
-            "install the same somatize on both ends"
+            "install the same somatize on both ends", version
         )
     if flags & ~(MACED | SEALED) or (flags & SEALED and not flags & MACED):
         raise ProtocolError(f"a frame with unknown flags {flags:#x}")
@@ -260,14 +306,21 @@ def _no_ext(code: int, data: bytes) -> Any:
     raise ProtocolError(f"a frame header with a msgpack extension type ({code})")
 
 
-def check_header_mac(session: Session | None, flags: int, prefix: bytes | bytearray,
-                     raw: bytes | bytearray, mac: bytes) -> int | None:
-    """Verifies a header's MAC and returns the sequence number it was checked at."""
+def check_header_mac(session: Session | None, flags: int, prefix: Any, raw: Any, mac: bytes,
+                     refusal_ok: bool = False) -> int | None:
+    """Verifies a header's MAC and returns the sequence number it was checked at.
+
+    ``refusal_ok`` lets a frame without a MAC through (answering None) for the caller
+    to accept only if it is a ``refused``: the one frame a worker that does not share
+    the key can answer a proof with.
+    """
     if session is None:
         if flags:
             raise ProtocolError("an authenticated frame before the handshake finished")
         return None
     if not flags & MACED:
+        if refusal_ok:
+            return None
         raise ProtocolError("a frame without a MAC on an authenticated connection")
     seq = session.received
     expected = session.tag(session.peer, seq, bytes(prefix[:_PREFIX.size]), raw)

@@ -114,3 +114,36 @@ class Twice(Node):
     def forward(self, x, ctx):
         return {"doubled": x * 2, "pid": os.getpid()} if isinstance(x, int) else {
             "doubled": x["doubled"] * 2, "pid": os.getpid()}
+
+
+_taken: list = []
+
+
+class Take(Node):
+    """Opens files until the process may open no more, and keeps them: a node that
+    leaks descriptors. Answers how many it took."""
+
+    def forward(self, x, ctx):
+        try:
+            while True:
+                _taken.append(open(os.devnull, "rb"))
+        except OSError:
+            pass
+        return len(_taken)
+
+
+class Untake(Node):
+    """Gives back what Take took; answers how many."""
+
+    def forward(self, x, ctx):
+        count = len(_taken)
+        while _taken:
+            _taken.pop().close()
+        return count
+
+
+class Bigger(Node):
+    """Answers with twice what it was given: an answer larger than the question."""
+
+    def forward(self, x, ctx):
+        return x * 2

@@ -1,0 +1,92 @@
+"""Frames into memory, against a real worker: what a peer announces costs the worker
+only the bytes that actually arrive, and what arrives in full is the same bytes."""
+
+import mmap
+import os
+import time
+
+import pytest
+from wire_helpers import TOKEN, authenticated, standing  # noqa: F401  (a fixture)
+from wire_nodes import Bigger, Echo
+
+from somatize import Graph, Worker
+from somatize.wire.protocol import PREFIX, encode
+
+GiB = 1 << 30
+
+
+def announced(session, size: int) -> tuple[bytes, memoryview]:
+    """A slice frame announcing one buffer of ``size`` bytes: its prefix and header,
+    and the buffer's bytes (zeros, mapped lazily here too, so nothing is committed)."""
+    buffer = memoryview(mmap.mmap(-1, size))
+    head, view = encode("slice", {"f": bytes(16), "n": [], "w": []}, [buffer], session)
+    return bytes(head), view
+
+
+def grown(worker, began: int, settle: float = 0.5) -> int:
+    time.sleep(settle)
+    return worker.resident() - began
+
+
+@pytest.mark.slow
+def test_a_huge_announced_buffer_costs_only_the_bytes_that_arrive(standing):
+    worker = standing("--timeout", "5")
+    sock, channel, _, _ = authenticated(worker.addr)
+    began = worker.resident()
+    head, body = announced(channel.session, GiB)
+    sock.sendall(head)
+    assert grown(worker, began) < 32 << 20  # 1 GiB announced, nothing sent: nothing taken
+    sock.sendall(body[: 48 << 20])
+    after = grown(worker, began)
+    # what came (48 MiB), and at most as much again ahead of it
+    assert 40 << 20 < after < 2 * (48 << 20) + (16 << 20), after
+    sock.close()
+
+
+@pytest.mark.slow
+def test_a_huge_announced_header_costs_only_the_bytes_that_arrive(standing):
+    worker = standing("--timeout", "5", "--max-header", str(GiB))
+    sock, channel, _, _ = authenticated(worker.addr)
+    began = worker.resident()
+    head = bytearray(encode("catalog", {"c": "x"}, [], channel.session)[0])
+    head[4:8] = GiB.to_bytes(4, "little")  # the MAC is checked only once it all came
+    sock.sendall(bytes(head[:PREFIX]))
+    sock.sendall(bytes(8 << 20))
+    assert grown(worker, began) < 32 << 20
+    sock.close()
+
+
+def test_what_arrives_in_full_is_the_same_bytes_across_every_step(standing):
+    worker = standing()
+    g = Graph.somatize(Echo().at("w1"))
+    with Worker.at(worker.addr, token=TOKEN) as w1:
+        for size in (0, 1, (4 << 20) - 1, 4 << 20, (40 << 20) + 123):
+            data = os.urandom(size)
+            assert g.forward(data, broker={"w1": w1}) == data
+
+
+def test_a_frame_the_worker_would_refuse_is_refused_here_before_a_byte_goes(standing):
+    from somatize import ProtocolError
+
+    worker = standing("--max-frame", "100000")
+    g = Graph.somatize(Echo().at("w1"))
+    with Worker.at(worker.addr, token=TOKEN) as w1:
+        with pytest.raises(ProtocolError) as caught:
+            g.forward(bytes(200_000), broker={"w1": w1})
+        assert caught.value.host == "w1" and "--max-frame" in str(caught.value)
+        assert "over the far side's limit of 100000 bytes" in str(caught.value)
+        assert g.forward(b"small", broker={"w1": w1}) == b"small"  # the same connection, well
+    assert worker.wait_log("closed by the client").count(": authenticated in") == 1
+
+
+def test_an_answer_the_client_would_refuse_comes_back_as_an_error(standing):
+    from somatize import WireError
+    from somatize.wire.protocol import Limits
+
+    worker = standing()
+    g = Graph.somatize(Echo().at("w1"))
+    with Worker(worker.addr, token=TOKEN, limits=Limits(frame=300_000)) as w1:
+        with pytest.raises(WireError, match="too large for the client") as caught:
+            Graph.somatize(Bigger().at("w1")).forward(bytes(200_000), broker={"w1": w1})
+        assert caught.value.host == "w1" and "limits=Limits(frame=" in str(caught.value)
+        assert g.forward(b"small", broker={"w1": w1}) == b"small"
