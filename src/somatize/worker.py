@@ -50,6 +50,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="the largest frame header accepted (default 64 MiB)")
     parser.add_argument("--log", metavar="FILE",
                         help="append the log to FILE instead of stderr (after the first line)")
+    parser.add_argument("--quiet", action="store_true",
+                        help="leave out the everyday lines (a connection, a catalog, a slice); "
+                             "failures and warnings are still said")
     return parser
 
 
@@ -93,13 +96,15 @@ def main(argv: list[str] | None = None) -> int:
             log = os.open(args.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         except OSError as exc:
             parser.error(f"--log {args.log}: {exc.strerror or exc}")
-    return _serve(host, port, token, tls, args.timeout, limits, log, (most, waiting))
+    return _serve(host, port, token, tls, args.timeout, limits, log, (most, waiting), args.quiet)
 
 
 def _serve(host: str, port: int, token: bytes | None, tls: Any, timeout: float, limits: Any,
-           log: int | None = None, bounds: tuple[int, int] = (128, 16)) -> int:
+           log: int | None = None, bounds: tuple[int, int] = (128, 16),
+           quiet: bool = False) -> int:
     from .wire.server import Server, say
 
+    say.routine_too = not quiet
     _die_with_parent()
     try:
         server = Server(host, port, token=token, tls=tls, timeout=timeout, limits=limits,
@@ -119,7 +124,7 @@ def _serve(host: str, port: int, token: bytes | None, tls: Any, timeout: float, 
     # Whatever a node prints goes to stderr from here on: a client that read the first
     # line may not read another, and a full pipe would stop the worker mid-slice.
     os.dup2(2, 1)
-    say("listening on %s (token: %s, tls: %s, at most %d peers at once, %d of them "
+    say.routine("listening on %s (token: %s, tls: %s, at most %d peers at once, %d of them "
         "unauthenticated)", server.address, "yes" if token else "no", "yes" if tls else "no",
         server.max_connections, server.max_unauthenticated)
     if server.max_connections < bounds[0]:

@@ -144,3 +144,18 @@ def alive(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_a_spawned_worker_keeps_its_everyday_lines_out_of_this_terminal(capfd, tmp_path):
+    g = Graph.somatize(Shout().at("w1"))
+    with Worker.generic() as quiet:
+        assert g.forward("hi", broker={"w1": quiet}) == "HI"
+    with Worker.generic(verbose=True) as loud:
+        assert g.forward("hi", broker={"w1": loud}) == "HI"
+    said = capfd.readouterr().err
+    assert said.count("ran in") == 1 and said.count("authenticated in") == 1  # the loud one
+    log = tmp_path / "worker.log"
+    with Worker.generic(log=log) as logged:
+        assert g.forward("hi", broker={"w1": logged}) == "HI"
+    assert "ran in" not in capfd.readouterr().err
+    assert "slice ['shout'] ran in" in log.read_text() and "listening on" in log.read_text()

@@ -94,7 +94,7 @@ class Connection:
             authenticated = True
             self.channel.send("welcome", welcome)
             self.channel.sock.settimeout(self.server.timeout)
-            say("%s: authenticated in %.1f ms", self.name, (time.perf_counter() - began) * 1e3)
+            say.routine("%s: authenticated in %.1f ms", self.name, (time.perf_counter() - began) * 1e3)
             threading.Thread(target=self._beating, daemon=True).start()
             self._serve()
         except Exception as exc:  # whatever it was, this connection ends and no other
@@ -113,7 +113,7 @@ class Connection:
         if self.server.stopping.is_set() and isinstance(exc, OSError):
             return  # at shutdown "stopped" says it all
         if isinstance(exc, Closed):
-            say("%s: closed by the client", self.name)
+            say.routine("%s: closed by the client", self.name)
         elif isinstance(exc, ProtocolError):
             say("%s: dropped: %s", self.name, _clip(str(exc)))
         elif isinstance(exc, TimeoutError) and not authenticated:
@@ -257,7 +257,7 @@ class Connection:
         self.busy_since = None
         self.server.install(ident, graph)
         self.catalog = ident
-        say("%s: provisioned %s (%d bytes) in %.1f ms", self.name, short(ident),
+        say.routine("%s: provisioned %s (%d bytes) in %.1f ms", self.name, short(ident),
                  len(blob), (time.perf_counter() - began) * 1e3)
         self.channel.send("ok")
 
@@ -339,7 +339,7 @@ class Connection:
                                      f"client: {exc}; give Worker(..., limits=Limits(frame=...)) "
                                      "a larger frame"), facts)
             return
-        say("%s: slice %s ran in %.1f ms, answered %d bytes", self.name, nodes,
+        say.routine("%s: slice %s ran in %.1f ms, answered %d bytes", self.name, nodes,
                  (time.perf_counter() - began) * 1e3, size)
 
     def _fail(self, exc: BaseException, facts: list[dict], said: str | None = None) -> None:

@@ -144,10 +144,23 @@ class Worker:
 
     @classmethod
     def generic(cls, mode: str = "project", send: Sequence[str] = (), python: str | None = None,
-                *, timeout: float | None = None) -> Worker:
+                *, timeout: float | None = None, log: str | os.PathLike | None = None,
+                verbose: bool | None = None) -> Worker:
         """A child ``python -m somatize.worker`` on a free loopback port, with a fresh
-        token and this process's environment (so the same code is importable there)."""
+        token and this process's environment (so the same code is importable there).
+
+        Its everyday lines (a connection, a catalog, a slice) would drown a training
+        loop's output in this terminal, so they are left out; ``log`` sends the whole
+        log to that file instead, and ``verbose=True`` (or ``SOMATIZE_WORKER_VERBOSE=1``)
+        brings the lines back here. Failures and warnings are always said.
+        """
         argv = [python or sys.executable, "-m", "somatize.worker", "--listen", "127.0.0.1:0"]
+        if log is not None:
+            argv += ["--log", os.fspath(log)]
+        if verbose is None:
+            verbose = os.environ.get("SOMATIZE_WORKER_VERBOSE", "") not in ("", "0")
+        if log is None and not verbose:
+            argv.append("--quiet")
         return cls(argv, mode, send, timeout=timeout)
 
     @classmethod

@@ -39,6 +39,7 @@ class _Say:
     def __init__(self) -> None:
         self._second = -1
         self._stamp = ""
+        self.routine_too = True  # off with --quiet: only what is worth a look is said
 
     def _start(self) -> str:
         now = time.time()
@@ -52,6 +53,12 @@ class _Say:
         if not text.isprintable():  # one C call on the way every line takes
             text = _escaped(text)
         self._write(self._start() + text + "\n")
+
+    def routine(self, message: str, *args: Any) -> None:
+        """A line for the everyday (a connection, a catalog, a slice): said unless the
+        worker was started ``--quiet``, as a spawned one is by default."""
+        if self.routine_too:
+            self(message, *args)
 
     def block(self, message: str, text: str) -> None:
         """One line, then ``text`` (a traceback, say) indented beneath it, in one write;

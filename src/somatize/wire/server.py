@@ -267,7 +267,7 @@ class Server:
         deadline = time.monotonic() + 2.0
         for connection in open_now:
             connection.thread_done.wait(max(0.0, deadline - time.monotonic()))
-        say("stopped (%d connection%s closed)", len(open_now), "" if len(open_now) == 1 else "s")
+        say.routine("stopped (%d connection%s closed)", len(open_now), "" if len(open_now) == 1 else "s")
 
     def forget(self, connection: Connection) -> None:
         with self._lock:
@@ -284,9 +284,9 @@ class Server:
             self.catalog = (ident, graph)
         held = [n for n, impl in graph.impls.items() if type(impl).__name__ != "Elsewhere"]
         if previous is None:
-            say("catalog %s holds %s", short(ident), ", ".join(held))
+            say.routine("catalog %s holds %s", short(ident), ", ".join(held))
         else:
-            say("catalog %s replaces %s; it holds %s", short(ident), short(previous[0]),
+            say.routine("catalog %s replaces %s; it holds %s", short(ident), short(previous[0]),
                      ", ".join(held))
 
     def current(self) -> tuple[str, Any] | None:
