@@ -297,8 +297,10 @@ def test_a_graph_that_answers_no_tensor_is_refused_clearly():
 
 # -- the search-space evaluation, small ---------------------------------------------------
 def _benchmark():
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "proxies.py"
-    spec = importlib.util.spec_from_file_location("proxies_benchmark", path)
+    folder = Path(__file__).resolve().parents[2] / "benchmarks"
+    if str(folder) not in sys.path:  # as `python benchmarks/proxies.py` finds _bench
+        sys.path.insert(0, str(folder))
+    spec = importlib.util.spec_from_file_location("proxies_benchmark", folder / "proxies.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # a dataclass in it looks its module up there
     spec.loader.exec_module(module)
