@@ -24,6 +24,7 @@ import somatize
 from somatize import CorruptObject, StoreError
 from somatize.record import Recorder
 from somatize.store import DirectoryBackend, Store
+from somatize.store import _files, local
 from somatize.store.local import STALE_AFTER, _components
 
 SRC = str(Path(somatize.__file__).resolve().parent.parent)
@@ -37,6 +38,29 @@ class TestDirectoryStore(StoreContract):
 
     def reopen(self, store):
         return Store(store.where)
+
+
+class TestDirectoryStoreWalking(StoreContract):
+    """The same, read the way a kernel without openat2 makes it: directory by directory."""
+
+    @pytest.fixture
+    def store(self, tmp_path, monkeypatch):
+        monkeypatch.setattr(local, "_strict", [None])
+        return Store(tmp_path / "s")
+
+    def reopen(self, store):
+        return Store(store.where)
+
+
+@pytest.fixture(params=["openat2", "walk"])
+def reading(request, monkeypatch):
+    """Each way a directory store reads one file: openat2 where Linux has it, and the
+    walk through each directory that it falls back to."""
+    if request.param == "walk":
+        monkeypatch.setattr(local, "_strict", [None])
+    elif _files.strict_opener() is None:
+        pytest.skip("this kernel offers no openat2, so only the walk reads here")
+    return request.param
 
 
 class TestDirectoryStoreNotDurable(StoreContract):
@@ -586,7 +610,7 @@ def record_file(store: Store, name: str) -> Path:
     return Path(store.where, "names", *_components(name, ".n"))
 
 
-def test_one_unreadable_record_does_not_hide_the_others(tmp_path):
+def test_one_unreadable_record_does_not_hide_the_others(tmp_path, reading):
     store = Store(tmp_path / "s")
     digest = store.put(b"x")
     for name in ("run/a/0", "run/a/1", "run/a/2", "run/b/0", "other"):
@@ -627,8 +651,9 @@ def test_a_record_this_process_may_not_read_is_left_out_with_a_warning(tmp_path)
         assert [b.name for b in store.bound()] == ["b"]
 
 
-def test_links_planted_under_names_are_never_followed(tmp_path):
+def test_links_planted_under_names_are_never_followed(tmp_path, reading):
     store = Store(tmp_path / "s")
+    assert (store.backend._open is None) == (reading == "walk")
     digest = store.put(b"x")
     store.bind("real", digest)
     record = record_file(store, "real").read_bytes()
@@ -663,8 +688,9 @@ def test_links_planted_under_names_are_never_followed(tmp_path):
     assert snapshot(outside) == before
 
 
-def test_links_planted_under_objects_are_never_followed(tmp_path):
+def test_links_planted_under_objects_are_never_followed(tmp_path, reading):
     store = Store(tmp_path / "s")
+    assert (store.backend._open is None) == (reading == "walk")
     data, other = b"precious", b"other bytes"
     digest, elsewhere = [("sha256:" + hashlib.sha256(d).hexdigest()) for d in (data, other)]
     outside = tmp_path / "outside"
@@ -691,10 +717,20 @@ def test_links_planted_under_objects_are_never_followed(tmp_path):
     assert snapshot(outside) == before
 
 
+def test_a_link_above_the_store_is_the_users_own_and_followed(tmp_path, reading):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "via").symlink_to(tmp_path / "real")
+    store = Store(tmp_path / "via" / "s")
+    assert store.where == str(tmp_path / "via" / "s")
+    digest = store.keep("run/a/0", [1, 2])
+    assert store.recall("run/a/0") == [1, 2] and store.get(digest) is not None
+    assert [b.name for b in Store(tmp_path / "real" / "s").bound()] == ["run/a/0"]
+
+
 # -- bad bytes
 
 
-def test_put_heals_an_object_whose_bytes_on_disk_are_corrupt(tmp_path):
+def test_put_heals_an_object_whose_bytes_on_disk_are_corrupt(tmp_path, reading):
     store = Store(tmp_path / "s")
     for spoil in (lambda raw: raw[:3], lambda raw: bytes([raw[0] ^ 1]) + raw[1:]):
         data = os.urandom(1000)

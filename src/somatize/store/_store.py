@@ -45,6 +45,7 @@ _DIGEST = re.compile(r"sha256:[0-9a-f]{64}").fullmatch  # fullmatch: "$" would l
 _BAD = r"\x00-\x1f\x7f\\/\ud800-\udfff"
 _NAME = re.compile(rf"[^{_BAD}]+(?:/[^{_BAD}]+)*").fullmatch
 _decode = json.JSONDecoder().decode
+_finite = math.isfinite
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,22 +226,15 @@ class Store:
         kept once."""
         view = _view(data)
         hexdigest = hashlib.sha256(view).hexdigest()
-        backend = self._backend
-        with translated(self.where, "put {} bytes as sha256:{}", view.nbytes, hexdigest,
-                        writing=True):
-            # What is there already is compared, not trusted: a corrupt object is
-            # healed by putting the right bytes again.
-            if not (backend.has_object(hexdigest)
-                    and _same(backend.read_object(hexdigest), view, hexdigest)):
-                backend.write_object(hexdigest, view)
+        translated(self._backend.where, "put {2.nbytes} bytes as sha256:{1}", _keep,
+                   self._backend, hexdigest, view, writing=True)
         return "sha256:" + hexdigest
 
     def get(self, digest: str) -> bytes | None:
         """The bytes kept under ``digest``, checked against it; None if there are none."""
         hexdigest = _hex(digest)
         backend = self._backend
-        with translated(self.where, "read {}", digest):
-            data = backend.read_object(hexdigest)
+        data = translated(backend.where, "read sha256:{0}", backend.read_object, hexdigest)
         if data is None:
             return None
         actual = hashlib.sha256(data).hexdigest()
@@ -257,21 +251,21 @@ class Store:
     def bind(self, name: str, digest: str, meta: dict[str, Any] | None = None) -> None:
         """Points ``name`` at the object ``digest``, replacing what it pointed at before."""
         record = self._record(check_name(name), digest, _check_meta(meta))
-        with translated(self.where, "bind {!r} to {}", name, digest, writing=True):
-            self._backend.write_name(name, record)
+        translated(self._backend.where, "bind {0!r}", self._backend.write_name, name, record,
+                   writing=True)
 
     def claim(self, name: str, digest: str, meta: dict[str, Any] | None = None) -> bool:
         """Points ``name`` at ``digest`` only if nobody has bound it yet; True if this
         call did. Of any number of processes claiming one name, exactly one wins."""
         record = self._record(check_name(name), digest, _check_meta(meta))
-        with translated(self.where, "claim {!r} for {}", name, digest, writing=True):
-            return self._backend.claim_name(name, record)
+        return translated(self._backend.where, "claim {0!r}", self._backend.claim_name, name,
+                          record, writing=True)
 
     def resolve(self, name: str) -> Bound | None:
         """What ``name`` is bound to, or None if it is not bound."""
         check_name(name)
-        with translated(self.where, "read the name {!r}", name):
-            record = self._backend.read_name(name)
+        record = translated(self._backend.where, "read the name {0!r}",
+                            self._backend.read_name, name)
         return None if record is None else self._bound(name, record)
 
     def bound(self, prefix: str | None = None) -> list[Bound]:
@@ -283,8 +277,7 @@ class Store:
         if prefix is not None:
             check_name(prefix, "prefix")
             below = prefix + "/"
-        with translated(self.where, "list the names"):
-            listed = self._backend.list_names(prefix)
+        listed = translated(self.where, "list the names", self._backend.list_names, prefix)
         found, unreadable = [], []
         for name, record in listed:
             if prefix is not None and name != prefix and not name.startswith(below):
@@ -292,12 +285,12 @@ class Store:
             if isinstance(record, BaseException):  # there, but the backend could not read it
                 unreadable.append(f"{_show(name)} ({_reason(record)})")
             elif _well_formed(name):
-                fields = _parsed(record)
-                if fields is None:
+                bound = _parsed(name, record)
+                if bound is None:
                     unreadable.append(f"{_show(name)} (not a name's record: "
                                       f"{bytes(record[:60])!r})")
                 else:
-                    found.append(Bound(name, *fields))
+                    found.append(bound)
         if unreadable:
             warnings.warn(_left_out(self.where, unreadable), UserWarning, stacklevel=2)
         found.sort(key=lambda bound: bound.name)
@@ -336,8 +329,8 @@ class Store:
 
     def _record(self, name: str, digest: Any, meta: dict[str, Any]) -> bytes:
         hexdigest = _hex(digest)
-        with translated(self.where, "look for {}", digest):
-            present = self._backend.has_object(hexdigest)
+        present = translated(self.where, "look for sha256:{0}", self._backend.has_object,
+                             hexdigest)
         if not present:
             raise StoreError(
                 f"cannot bind {_show(name)} to {digest}: {self.where} does not have that "
@@ -347,26 +340,34 @@ class Store:
         return json.dumps(document, separators=(",", ":"), allow_nan=True).encode()
 
     def _bound(self, name: str, record: bytes) -> Bound:
-        fields = _parsed(record)
-        if fields is None:
+        bound = _parsed(name, record)
+        if bound is None:
             raise CorruptObject(
                 f"the record of {_show(name)} in {self.where} cannot be read (not a name's "
                 f"record: {bytes(record[:60])!r}); bind the name again")
-        return Bound(name, *fields)
+        return bound
 
 
-def _parsed(record: bytes) -> tuple[str, dict[str, Any], float] | None:
-    """A name record's digest, meta and time, or None if it is not one."""
+def _parsed(name: str, record: bytes) -> Bound | None:
+    """What a name record says, or None if it is not one."""
     try:
         document = _decode(record.decode())
-        digest, meta, when = document["digest"], document["meta"], document["when"]
-        when = float(when) if type(when) in (int, float) else math.nan
+        digest, meta, when = document["digest"], document["meta"], float(document["when"])
     except (ValueError, LookupError, TypeError, AttributeError, RecursionError,
             OverflowError):
         return None
-    if type(digest) is str and _DIGEST(digest) and type(meta) is dict and math.isfinite(when):
-        return digest, meta, when
+    # float() also takes a str or a bool, which a record never holds
+    if type(digest) is str and _DIGEST(digest) and type(meta) is dict and \
+            type(document["when"]) in (int, float) and _finite(when):
+        return Bound(name, digest, meta, when)
     return None
+
+
+def _keep(backend: Backend, hexdigest: str, view: memoryview) -> None:
+    """Writes an object unless the very bytes are kept already. What is there is
+    compared, not trusted: a corrupt object is healed by putting the right bytes."""
+    if not _same(backend.read_object(hexdigest), view, hexdigest):
+        backend.write_object(hexdigest, view)
 
 
 def _same(kept: bytes | None, view: memoryview, hexdigest: str) -> bool:

@@ -22,12 +22,15 @@ suffixes mark where parts end, so one name has one path and one path one name;
 whatever in names/ is not the canonical path of a name (``.DS_Store``, ``A.n``) is
 not a name and is skipped.
 
-Below names/ and objects/ every directory is opened on its own, relative to the one
-above it and with ``O_NOFOLLOW``, and so is every file: a symbolic link planted there
-is never followed, neither to read nor to write, and no path handed to the OS is
-longer than one component (a 1024-character name escapes to as much as 12 KiB, more
-than any OS takes as a path). A link where a record would be is reported, not read;
-where an object would be, it is not that object. That makes this backend POSIX-only.
+Below names/ and objects/ a symbolic link is never followed, neither to read nor to
+write. Every directory is opened on its own, relative to the one above it and with
+``O_NOFOLLOW``, and so is every file, so no path handed to the OS is longer than one
+component either (a 1024-character name escapes to as much as 12 KiB, more than any OS
+takes as a path). Reading one object or one record, which a cache hit does twice, is
+one ``openat2`` with ``RESOLVE_NO_SYMLINKS`` where Linux has it (5.6 on), on the
+store's real path: the kernel refuses a link anywhere on the way, for the price of a
+plain open. A link where a record would be is reported, not read; where an object
+would be, it is not that object. That makes this backend POSIX-only.
 
 Opening writes nothing, so a store on a read-only mount or owned by somebody else
 can be read; a write to it is refused, saying so. Opening also removes what writers
@@ -44,14 +47,14 @@ from __future__ import annotations
 import errno
 import os
 import re
-import socket
 import stat
-import time
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
 from .._errors import StoreError
+from ._files import (CREATE, DIR, HOST, LINKED, MAX_WRITE, READ_ONLY, TOP, Anchor, Odd,
+                     discard, drain, slurp, strict_opener, sweep)
 
 __all__ = ["STALE_AFTER", "DirectoryBackend", "translated"]
 
@@ -61,50 +64,35 @@ __all__ = ["STALE_AFTER", "DirectoryBackend", "translated"]
 STALE_AFTER = 3600.0
 
 _CHUNK = 200  # longest escaped piece of a part in one path component
-_MAX_WRITE = 1 << 30
-
-_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_TOP = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _CLOEXEC  # names/ itself
-_DIR = _TOP | os.O_NOFOLLOW  # any directory below names/ or objects/
-# O_NONBLOCK so that a fifo planted as a record cannot make a reader wait forever.
-_READ = os.O_RDONLY | _CLOEXEC | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0)
-_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _CLOEXEC
-
 _PLAIN = re.compile(r"[a-z0-9._\-]+").fullmatch
 _SAFE = frozenset("abcdefghijklmnopqrstuvwxyz0123456789._-")
 _NO_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EXDEV}
-_READ_ONLY = {errno.EROFS, errno.EACCES, errno.EPERM}
-_LINKED = {errno.ELOOP, errno.EMLINK}  # what O_NOFOLLOW answers for a link (EMLINK: BSD)
-_HOST = re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname())[:64] or "host"
+_FAST_PATH = 4000  # bytes: longest path given to openat2, under Linux's PATH_MAX
 
 
-class translated:
-    """Turns an ``OSError`` raised in its block into a ``StoreError`` that says what could
-    not be done, where, and what to do; a ``StoreError`` passes as it is.
+def translated(where: str, action: str, call: Callable[..., Any], *args: Any,
+               writing: bool = False) -> Any:
+    """``call(*args)``, with the ``OSError`` it may raise turned into a ``StoreError``
+    that says what could not be done (``action.format(*args)``), where, and what to do;
+    a ``StoreError`` passes as it is. A write refused for want of permission says the
+    store is read-only.
 
-    The message is ``action.format(*subjects)``, made only if something failed. A
-    write refused for want of permission says that the store is read-only.
+    The one place a Store turns a backend's failures into its own. A function and not
+    a context manager: it is on the path of every cache hit, where a ``with`` would
+    cost more than the rest of the bookkeeping.
     """
-
-    __slots__ = ("action", "subjects", "where", "writing")
-
-    def __init__(self, where: str, action: str, *subjects: Any, writing: bool = False):
-        self.where, self.action, self.subjects, self.writing = where, action, subjects, writing
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: Any, exc: BaseException | None, trace: Any) -> bool:
-        if exc is None or not isinstance(exc, OSError) or isinstance(exc, StoreError):
-            return False
-        raise failed(self.where, self.action.format(*self.subjects), exc,
-                     self.writing) from exc
+    try:
+        return call(*args)
+    except StoreError:
+        raise
+    except OSError as exc:
+        raise failed(where, action.format(*args), exc, writing) from exc
 
 
 def failed(where: str, action: str, exc: OSError, writing: bool = False) -> StoreError:
     """The ``StoreError`` for an ``OSError`` met while trying to ``action`` in ``where``."""
     reason = exc.strerror or str(exc) or type(exc).__name__
-    if writing and exc.errno in _READ_ONLY:
+    if writing and exc.errno in READ_ONLY:
         on = f" ({os.fsdecode(exc.filename)})" if exc.filename else ""
         return StoreError(
             f"could not {action}: the store at {where} is read-only to this process "
@@ -112,15 +100,6 @@ def failed(where: str, action: str, exc: OSError, writing: bool = False) -> Stor
             "(a copy of this one will do), or get write access to it")
     return StoreError(f"could not {action} in {where}: {reason}; check that it is "
                       "reachable, writable and not full")
-
-
-class _Odd(OSError):
-    """A symbolic link, or something else that is not a plain file, where a store keeps
-    its files; ``path`` is where, below the store."""
-
-    def __init__(self, what: str, path: str):
-        super().__init__(errno.ELOOP, what, path)
-        self.what, self.path = what, path
 
 
 def _escape(part: str) -> str:
@@ -160,62 +139,7 @@ def _components(name: str, last: str) -> list[str]:
     return out
 
 
-def _slurp(path: str, fd: int | None, shown: str) -> bytes:
-    """The whole of a file that is never rewritten in place; ``_Odd`` if it is a link
-    or not a plain file (``shown`` says where, for the message)."""
-    try:
-        handle = os.open(path, _READ, dir_fd=fd)
-    except OSError as exc:
-        if exc.errno in _LINKED:
-            raise _Odd("a symbolic link", shown) from None
-        raise
-    try:
-        status = os.fstat(handle)
-        if not stat.S_ISREG(status.st_mode):
-            raise _Odd("not a plain file", shown)
-        size = status.st_size
-        chunks, have = [], 0
-        while have < size:
-            chunk = os.read(handle, min(size - have, _MAX_WRITE))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            have += len(chunk)
-    finally:
-        os.close(handle)
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-
-def _discard(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # somebody else's process: alive
-        return True
-    return True
-
-
-class _Anchor:
-    """An open directory still to be descended from; closed when nothing uses it."""
-
-    __slots__ = ("fd", "users")
-
-    def __init__(self, fd: int):
-        self.fd, self.users = fd, 0
-
-    def release(self) -> None:
-        self.users -= 1
-        if self.users <= 0 and self.fd != -1:
-            os.close(self.fd)
-            self.fd = -1
+_strict: list[Callable[[bytes], int] | None] = []  # found on first use, once per process
 
 
 class DirectoryBackend:
@@ -241,6 +165,9 @@ class DirectoryBackend:
         self._names = os.path.join(where, "names")
         self._tmp = os.path.join(where, "tmp")
         self._unwritable: OSError | None = None  # why tmp/ could not be made, if it was not
+        if not _strict:
+            _strict.append(strict_opener())
+        self._open = _strict[0]
         try:
             if os.path.exists(where) and not os.path.isdir(where):
                 raise NotADirectoryError(errno.ENOTDIR, "it is there but it is not a directory")
@@ -253,7 +180,11 @@ class DirectoryBackend:
                 f"cannot keep a store in {where}: {why}; give a directory that can be "
                 "created and written, or whose parents are directories"
             ) from exc
-        self._sweep()
+        # The fast reads refuse a link anywhere on the path, so they start from one with
+        # none: links above the store are the user's own, and resolved once, here.
+        real = os.path.realpath(where)
+        self._fast_objects, self._fast_names = f"{real}/objects/", f"{real}/names/"
+        sweep(self._tmp, self.stale_after)
 
     def __repr__(self) -> str:
         return f"DirectoryBackend({self.where!r}, durable={self.durable})"
@@ -282,13 +213,27 @@ class DirectoryBackend:
         return stat.S_ISREG(status.st_mode)  # a link there is not the object
 
     def read_object(self, hexdigest: str) -> bytes | None:
+        if self._open is not None:
+            try:
+                handle = self._open(f"{self._fast_objects}{hexdigest[:2]}/{hexdigest}".encode())
+            except (FileNotFoundError, NotADirectoryError):
+                return None
+            except OSError as exc:
+                if exc.errno not in LINKED:
+                    raise
+                # a link on the way: the walk below says which, and what it means
+            else:
+                try:
+                    return drain(handle, "")
+                except Odd:
+                    return None
         try:
             fd = self._down(self._objects, [hexdigest[:2]], False, "objects")
         except (FileNotFoundError, NotADirectoryError):
             return None
         try:
-            return _slurp(hexdigest, fd, "")
-        except (FileNotFoundError, _Odd):
+            return slurp(hexdigest, fd, "")
+        except (FileNotFoundError, Odd):
             return None
         finally:
             os.close(fd)
@@ -304,17 +249,34 @@ class DirectoryBackend:
             finally:
                 os.close(fd)
         except BaseException:
-            _discard(tmp)
+            discard(tmp)
             raise
 
     # -- names
 
     def read_name(self, name: str) -> bytes | None:
+        if self._open is not None:
+            path = self._fast_names + "/".join(_components(name, ".n"))
+            if len(path) < _FAST_PATH:  # only ASCII is below: characters are bytes
+                try:
+                    handle = self._open(path.encode())
+                except (FileNotFoundError, NotADirectoryError):
+                    return None
+                except OSError as exc:
+                    if exc.errno not in LINKED:
+                        raise
+                    # a link on the way: the walk below says which
+                else:
+                    try:
+                        return drain(handle, "")
+                    except Odd as odd:
+                        odd = Odd(odd.what, "names/" + "/".join(_components(name, ".n")))
+                        raise self._odd(odd) from None
         try:
-            return self._at(name, False, lambda leaf, fd, shown: _slurp(leaf, fd, shown))
+            return self._at(name, False, lambda leaf, fd, shown: slurp(leaf, fd, shown))
         except (FileNotFoundError, NotADirectoryError):
             return None
-        except _Odd as odd:
+        except Odd as odd:
             raise self._odd(odd) from None
 
     def write_name(self, name: str, record: bytes) -> None:
@@ -328,7 +290,7 @@ class DirectoryBackend:
         try:
             self._at(name, True, place)
         except BaseException:
-            _discard(tmp)
+            discard(tmp)
             raise
 
     def claim_name(self, name: str, record: bytes) -> bool:
@@ -339,7 +301,7 @@ class DirectoryBackend:
                 os.link(tmp, leaf, dst_dir_fd=fd)
             except FileExistsError:
                 if stat.S_ISLNK(os.stat(leaf, dir_fd=fd, follow_symlinks=False).st_mode):
-                    raise self._odd(_Odd("a symbolic link", shown)) from None
+                    raise self._odd(Odd("a symbolic link", shown)) from None
                 return False
             except OSError as exc:
                 if exc.errno in _NO_LINKS:
@@ -356,7 +318,7 @@ class DirectoryBackend:
         try:
             return self._at(name, True, link)
         finally:
-            _discard(tmp)
+            discard(tmp)
 
     def list_names(self, prefix: str | None) -> list[tuple[str, bytes | OSError]]:
         """Every record below names/; one that is there but cannot be read comes as the
@@ -375,7 +337,7 @@ class DirectoryBackend:
         try:
             fd = self._down(self._names, dirs, False, "names")
             if fd is None:
-                fd = os.open(self._names, _TOP)
+                fd = os.open(self._names, TOP)
         except (FileNotFoundError, NotADirectoryError):
             return found
         except StoreError as exc:  # the prefix's own directory is a link
@@ -391,24 +353,24 @@ class DirectoryBackend:
         """Adds every record below the open directory ``top`` to ``found``, depth first,
         without recursion; closes ``top``. Holds one descriptor per level still to be
         gone back to, never one per directory."""
-        anchor = _Anchor(top)
-        stack: list[tuple[_Anchor, str, tuple[str, ...], str, str]] = []
+        anchor = Anchor(top)
+        stack: list[tuple[Anchor, str, tuple[str, ...], str, str]] = []
         try:
             self._list(anchor, parts, "", shown, stack, found)
             while stack:
                 parent, entry, below, carry, shown = stack.pop()
                 try:
-                    fd = os.open(entry, _DIR, dir_fd=parent.fd)
+                    fd = os.open(entry, DIR, dir_fd=parent.fd)
                 except FileNotFoundError:  # removed since it was listed
                     fd = -1
                 except OSError as exc:  # swapped for a link or a file since it was listed
                     fd = -1
                     if isinstance(exc, NotADirectoryError):
-                        exc = self._odd(_Odd("no longer a directory", shown))
+                        exc = self._odd(Odd("no longer a directory", shown))
                     found.append(("/".join(below), exc))
                 parent.release()
                 if fd != -1:
-                    anchor = _Anchor(fd)
+                    anchor = Anchor(fd)
                     self._list(anchor, below, carry, shown, stack, found)
         finally:  # only an error leaves any open
             for held in {id(a): a for a in [anchor, *(item[0] for item in stack)]}.values():
@@ -416,8 +378,8 @@ class DirectoryBackend:
                     os.close(held.fd)
                     held.fd = -1
 
-    def _list(self, anchor: _Anchor, parts: tuple[str, ...], pending: str, shown: str,
-              stack: list[tuple[_Anchor, str, tuple[str, ...], str, str]],
+    def _list(self, anchor: Anchor, parts: tuple[str, ...], pending: str, shown: str,
+              stack: list[tuple[Anchor, str, tuple[str, ...], str, str]],
               found: list[tuple[str, bytes | OSError]]) -> None:
         """Reads the records in one open directory and stacks the directories in it."""
         fd = anchor.fd
@@ -430,10 +392,10 @@ class DirectoryBackend:
                 if part is not None:
                     name = "/".join(parts + (part,))
                     try:
-                        found.append((name, _slurp(entry, fd, f"{shown}/{entry}")))
+                        found.append((name, slurp(entry, fd, f"{shown}/{entry}")))
                     except FileNotFoundError:  # unbound since it was listed
                         pass
-                    except _Odd as odd:
+                    except Odd as odd:
                         found.append((name, self._odd(odd)))
                     except OSError as exc:
                         found.append((name, exc))
@@ -450,7 +412,7 @@ class DirectoryBackend:
             else:
                 continue
             if is_link:
-                found.append(("/".join(below), self._odd(_Odd("a symbolic link",
+                found.append(("/".join(below), self._odd(Odd("a symbolic link",
                                                               f"{shown}/{entry}"))))
             elif is_dir:
                 anchor.users += 1
@@ -468,15 +430,15 @@ class DirectoryBackend:
                 path = component if fd is not None else f"{root}/{component}"
                 shown = f"{shown}/{component}"
                 try:
-                    opened = os.open(path, _DIR, dir_fd=fd)
+                    opened = os.open(path, DIR, dir_fd=fd)
                 except FileNotFoundError:
                     if not create:
                         raise
                     self._mkdir(path, fd)
-                    opened = os.open(path, _DIR, dir_fd=fd)
+                    opened = os.open(path, DIR, dir_fd=fd)
                 except NotADirectoryError:
                     if stat.S_ISLNK(os.stat(path, dir_fd=fd, follow_symlinks=False).st_mode):
-                        raise self._odd(_Odd("a symbolic link", shown)) from None
+                        raise self._odd(Odd("a symbolic link", shown)) from None
                     raise
                 if fd is not None:
                     os.close(fd)
@@ -499,7 +461,7 @@ class DirectoryBackend:
             if fd is not None:
                 os.close(fd)
 
-    def _odd(self, odd: _Odd) -> StoreError:
+    def _odd(self, odd: Odd) -> StoreError:
         return StoreError(
             f"{odd.path} in the store at {self.where} is {odd.what}, which a store never "
             "reads or writes through (it could lead anywhere); remove it — whoever put "
@@ -509,18 +471,18 @@ class DirectoryBackend:
         """A new file in tmp/ holding ``data`` (fsynced when durable); answers its path."""
         if self._unwritable is not None:
             raise OSError(self._unwritable.errno, self._unwritable.strerror, self._tmp)
-        path = f"{self._tmp}/{_HOST}-{os.getpid()}-{os.urandom(8).hex()}"
-        handle = os.open(path, _CREATE, mode)
+        path = f"{self._tmp}/{HOST}-{os.getpid()}-{os.urandom(8).hex()}"
+        handle = os.open(path, CREATE, mode)
         try:
             try:
                 while data:
-                    data = data[os.write(handle, data[:_MAX_WRITE]):]
+                    data = data[os.write(handle, data[:MAX_WRITE]):]
                 if self.durable:
                     os.fsync(handle)
             finally:
                 os.close(handle)
         except BaseException:
-            _discard(path)
+            discard(path)
             raise
         return path
 
@@ -541,7 +503,7 @@ class DirectoryBackend:
         if fd is not None:
             os.fsync(fd)
             return
-        handle = os.open(folder or self._names, _TOP)
+        handle = os.open(folder or self._names, TOP)
         try:
             os.fsync(handle)
         finally:
@@ -561,36 +523,10 @@ class DirectoryBackend:
             try:
                 os.makedirs(path, exist_ok=True)
             except OSError as exc:
-                if not (path == self._tmp and exc.errno in _READ_ONLY
+                if not (path == self._tmp and exc.errno in READ_ONLY
                         and os.path.isdir(self._objects) and os.path.isdir(self._names)):
                     raise
                 self._unwritable = exc
-
-    def _sweep(self) -> None:
-        """Removes from tmp/ what dead writers left there (see ``stale_after``)."""
-        try:
-            entries = os.scandir(self._tmp)
-        except OSError:
-            return
-        oldest = time.time() - self.stale_after
-        with entries:
-            for entry in entries:
-                try:
-                    if entry.is_dir(follow_symlinks=False) or \
-                            entry.stat(follow_symlinks=False).st_mtime > oldest:
-                        continue
-                except OSError:
-                    continue
-                host, _, rest = entry.name.partition("-")
-                pid = rest.partition("-")[0]
-                if host == _HOST and pid.isdigit() and _alive(int(pid)):
-                    continue  # stalled, not dead: its writer may still rename it
-                try:
-                    os.unlink(entry.path)
-                except OSError as exc:
-                    if exc.errno in _READ_ONLY:  # not ours to remove: nor are the others
-                        return
-
 
 def _reopened(kind: type, where: str, durable: bool, stale_after: float) -> DirectoryBackend:
     return kind(where, durable, stale_after=stale_after)
