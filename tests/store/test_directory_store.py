@@ -732,8 +732,10 @@ def test_a_link_above_the_store_is_the_users_own_and_followed(tmp_path, reading)
 
 def test_put_heals_an_object_whose_bytes_on_disk_are_corrupt(tmp_path, reading):
     store = Store(tmp_path / "s")
-    for spoil in (lambda raw: raw[:3], lambda raw: bytes([raw[0] ^ 1]) + raw[1:]):
-        data = os.urandom(1000)
+    spoils = [lambda raw: raw[:3], lambda raw: bytes([raw[0] ^ 1]) + raw[1:],
+              lambda raw: raw[:-1] + bytes([raw[-1] ^ 1])]  # in the last of several pieces
+    for spoil, size in zip(spoils, (1000, 1000, 3 * local._PIECE + 5)):
+        data = os.urandom(size)
         digest = store.put(data)
         path = object_file(store, digest)
         path.chmod(0o644)

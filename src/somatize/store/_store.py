@@ -366,7 +366,12 @@ def _parsed(name: str, record: bytes) -> Bound | None:
 def _keep(backend: Backend, hexdigest: str, view: memoryview) -> None:
     """Writes an object unless the very bytes are kept already. What is there is
     compared, not trusted: a corrupt object is healed by putting the right bytes."""
-    if not _same(backend.read_object(hexdigest), view, hexdigest):
+    holds = getattr(backend, "holds", None)
+    if holds is not None:
+        kept = holds(hexdigest, view)
+    else:
+        kept = _same(backend.read_object(hexdigest), view, hexdigest)
+    if not kept:
         backend.write_object(hexdigest, view)
 
 

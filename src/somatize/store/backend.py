@@ -6,6 +6,12 @@ digest and never judges bytes. What it owes in return is atomicity: a reader see
 whole object or name record or none at all, never part of one, and ``claim_name``
 succeeds for exactly one caller across every process and machine sharing the place.
 
+A backend may also offer ``holds(hexdigest, data: memoryview) -> bool``: whether the
+object kept under the digest is exactly ``data``, which ``put`` asks before it decides
+not to write. Without it the Store reads the object back whole and compares; with it a
+backend can compare a piece at a time (the directory does) or ask its server (the
+bucket compares the ETag), so that putting a large object twice needs no second copy.
+
 I/O failures are raised as ``OSError`` (or ``StoreError``); the Store names the
 operation and turns them into ``StoreError`` for its caller (one that a lack of
 permission made says the store is read-only). A backend must pickle,

@@ -25,6 +25,7 @@ wherever it is unpickled) and reconnects in the process that unpickled it.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import secrets
@@ -60,6 +61,7 @@ _ATTEMPTS = 8  # botocore's standard mode: backoff on 5xx, throttling and droppe
 _CONFLICTS = 10  # 409s in a row on one claim before it is reported
 _READERS = 16  # records fetched at once by a listing
 _BUCKET = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{1,253}[A-Za-z0-9]").fullmatch
+_MD5 = re.compile(r"[0-9a-f]{32}").fullmatch
 _SHARED: dict[str, Any] = {}  # one boto3 session per process: a client costs ms, not 0.1 s
 _SHARING = threading.Lock()
 _DENIED = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403",
@@ -176,6 +178,25 @@ class BucketBackend:
 
     def read_object(self, hexdigest: str) -> bytes | None:
         return self._read(self._object(hexdigest))
+
+    def holds(self, hexdigest: str, data: memoryview) -> bool:
+        """Whether the object kept under this digest is exactly ``data``, asked of the
+        server: its size, then its ETag, the MD5 of what a plain PUT stored. Where the
+        ETag is no MD5 (a multipart upload), the bytes are fetched and compared; where
+        it is one but not of these bytes (a key encrypted with KMS), the object is
+        written again, which is wasted but never wrong. ``get`` checks the sha256
+        whatever this says."""
+        key = self._object(hexdigest)
+        try:
+            head = self._request("look for", key, "head_object")
+        except _Missing:
+            return False
+        if head.get("ContentLength") != data.nbytes:
+            return False
+        tag = str(head.get("ETag", "")).strip('"')
+        if _MD5(tag):
+            return tag == hashlib.md5(data, usedforsecurity=False).hexdigest()
+        return self._read(key) == data.tobytes()
 
     def write_object(self, hexdigest: str, data: memoryview) -> None:
         self._writable("write", self._object(hexdigest))

@@ -45,6 +45,7 @@ the last few written may be lost.
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 import re
 import stat
@@ -53,7 +54,7 @@ from typing import Any
 from urllib.parse import unquote_to_bytes
 
 from .._errors import StoreError
-from ._files import (CREATE, DIR, HOST, LINKED, MAX_WRITE, READ_ONLY, TOP, Anchor, Odd,
+from ._files import (CREATE, DIR, HOST, LINKED, MAX_WRITE, READ, READ_ONLY, TOP, Anchor, Odd,
                      discard, drain, slurp, strict_opener, sweep)
 
 __all__ = ["STALE_AFTER", "DirectoryBackend", "translated"]
@@ -68,6 +69,11 @@ _PLAIN = re.compile(r"[a-z0-9._\-]+").fullmatch
 _SAFE = frozenset("abcdefghijklmnopqrstuvwxyz0123456789._-")
 _NO_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EXDEV}
 _FAST_PATH = 4000  # bytes: longest path given to openat2, under Linux's PATH_MAX
+_PIECE = 1 << 20  # what holds() reads at a time: small enough to stay in a cache
+# Temp files are host-pid-<random><count>: the pid tells a dead writer's, the random
+# part one process from another that had its pid before, the count one file from the
+# next without asking the OS for randomness per file.
+_ONCE, _TEMPS = os.urandom(4).hex(), itertools.count()
 
 
 def translated(where: str, action: str, call: Callable[..., Any], *args: Any,
@@ -213,28 +219,59 @@ class DirectoryBackend:
         return stat.S_ISREG(status.st_mode)  # a link there is not the object
 
     def read_object(self, hexdigest: str) -> bytes | None:
+        handle = self._object(hexdigest)
+        if handle is None:
+            return None
+        try:
+            return drain(handle, "")
+        except Odd:  # not a plain file: not the object
+            return None
+
+    def holds(self, hexdigest: str, data: memoryview) -> bool:
+        """Whether the object kept under this digest is exactly ``data``: compared a
+        piece at a time, so that checking a large object needs no second copy of it."""
+        handle = self._object(hexdigest)
+        if handle is None:
+            return False
+        try:
+            status = os.fstat(handle)
+            if not stat.S_ISREG(status.st_mode) or status.st_size != data.nbytes:
+                return False
+            whole = data.obj if type(data.obj) is bytes and len(data.obj) == data.nbytes \
+                else None
+            at = 0
+            while piece := os.read(handle, _PIECE):
+                end = at + len(piece)
+                if piece != (whole[at:end] if whole is not None else data[at:end].tobytes()):
+                    return False
+                at = end
+            return at == data.nbytes
+        finally:
+            os.close(handle)
+
+    def _object(self, hexdigest: str) -> int | None:
+        """The object's file, open (without following a link), or None if it is not there."""
         if self._open is not None:
             try:
-                handle = self._open(f"{self._fast_objects}{hexdigest[:2]}/{hexdigest}".encode())
+                return self._open(f"{self._fast_objects}{hexdigest[:2]}/{hexdigest}".encode())
             except (FileNotFoundError, NotADirectoryError):
                 return None
             except OSError as exc:
                 if exc.errno not in LINKED:
                     raise
                 # a link on the way: the walk below says which, and what it means
-            else:
-                try:
-                    return drain(handle, "")
-                except Odd:
-                    return None
         try:
             fd = self._down(self._objects, [hexdigest[:2]], False, "objects")
         except (FileNotFoundError, NotADirectoryError):
             return None
         try:
-            return slurp(hexdigest, fd, "")
-        except (FileNotFoundError, Odd):
+            return os.open(hexdigest, READ, dir_fd=fd)
+        except FileNotFoundError:
             return None
+        except OSError as exc:
+            if exc.errno in LINKED:  # a link there is not the object
+                return None
+            raise
         finally:
             os.close(fd)
 
@@ -471,7 +508,7 @@ class DirectoryBackend:
         """A new file in tmp/ holding ``data`` (fsynced when durable); answers its path."""
         if self._unwritable is not None:
             raise OSError(self._unwritable.errno, self._unwritable.strerror, self._tmp)
-        path = f"{self._tmp}/{HOST}-{os.getpid()}-{os.urandom(8).hex()}"
+        path = f"{self._tmp}/{HOST}-{os.getpid()}-{_ONCE}{next(_TEMPS)}"
         handle = os.open(path, CREATE, mode)
         try:
             try:
