@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import Callable
 
-__all__ = ["CREATE", "DIR", "HOST", "LINKED", "MAX_WRITE", "READ", "READ_ONLY", "TOP", "Anchor",
+__all__ = ["ABSENT", "CREATE", "DIR", "HOST", "LINKED", "MAX_WRITE", "READ", "READ_ONLY", "TOP", "Anchor",
            "Odd", "discard", "drain", "slurp", "strict_opener", "sweep"]
 
 MAX_WRITE = 1 << 30
@@ -29,6 +29,7 @@ READ = os.O_RDONLY | _CLOEXEC | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0)
 CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _CLOEXEC
 READ_ONLY = {errno.EROFS, errno.EACCES, errno.EPERM}
 LINKED = {errno.ELOOP, errno.EMLINK}  # what O_NOFOLLOW answers for a link (EMLINK: BSD)
+ABSENT = (errno.ENOENT, errno.ENOTDIR)  # not there, or a file where a directory would be
 #: This machine, as the names of temp files say it: whose pids they are.
 HOST = re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname())[:64] or "host"
 # openat2's number where the kernel uses the generic table of system calls.
@@ -47,7 +48,9 @@ class Odd(OSError):
 
 def strict_opener() -> Callable[[bytes], int] | None:
     """``openat2(path, RESOLVE_NO_SYMLINKS)`` as a function answering a descriptor, or
-    None where the kernel (or a seccomp filter) does not offer it."""
+    minus the errno where it fails (no exception: a miss is common, and raising one
+    from Python would cost more than the call); None where the kernel (or a seccomp
+    filter) does not offer it."""
     if sys.platform != "linux" or _OPENAT2 is None:
         return None
     import ctypes  # here, not at the top: 6 ms that only a directory store needs
@@ -65,18 +68,16 @@ def strict_opener() -> Callable[[bytes], int] | None:
                      ctypes.c_size_t]
     how = How(READ, 0, 0x04)  # RESOLVE_NO_SYMLINKS
     where, size, here = ctypes.byref(how), ctypes.sizeof(how), -100  # AT_FDCWD
+    errno_now = ctypes.get_errno
 
     def opened(path: bytes) -> int:
         fd = call(_OPENAT2, here, path, where, size)
-        if fd < 0:
-            code = ctypes.get_errno()
-            raise OSError(code, os.strerror(code), os.fsdecode(path))
-        return fd
+        return fd if fd >= 0 else -errno_now()
 
-    try:
-        os.close(opened(b"/"))
-    except OSError:
+    fd = opened(b"/")
+    if fd < 0:
         return None
+    os.close(fd)
     return opened
 
 

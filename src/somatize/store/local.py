@@ -54,8 +54,8 @@ from typing import Any
 from urllib.parse import unquote_to_bytes
 
 from .._errors import StoreError
-from ._files import (CREATE, DIR, HOST, LINKED, MAX_WRITE, READ, READ_ONLY, TOP, Anchor, Odd,
-                     discard, drain, slurp, strict_opener, sweep)
+from ._files import (ABSENT, CREATE, DIR, HOST, LINKED, MAX_WRITE, READ, READ_ONLY, TOP,
+                     Anchor, Odd, discard, drain, slurp, strict_opener, sweep)
 
 __all__ = ["STALE_AFTER", "DirectoryBackend", "translated"]
 
@@ -252,14 +252,15 @@ class DirectoryBackend:
     def _object(self, hexdigest: str) -> int | None:
         """The object's file, open (without following a link), or None if it is not there."""
         if self._open is not None:
-            try:
-                return self._open(f"{self._fast_objects}{hexdigest[:2]}/{hexdigest}".encode())
-            except (FileNotFoundError, NotADirectoryError):
+            path = f"{self._fast_objects}{hexdigest[:2]}/{hexdigest}"
+            handle = self._open(path.encode())
+            if handle >= 0:
+                return handle
+            if -handle in ABSENT:
                 return None
-            except OSError as exc:
-                if exc.errno not in LINKED:
-                    raise
-                # a link on the way: the walk below says which, and what it means
+            if -handle not in LINKED:
+                raise OSError(-handle, os.strerror(-handle), path)
+            # a link on the way: the walk below says which, and what it means
         try:
             fd = self._down(self._objects, [hexdigest[:2]], False, "objects")
         except (FileNotFoundError, NotADirectoryError):
@@ -295,20 +296,18 @@ class DirectoryBackend:
         if self._open is not None:
             path = self._fast_names + "/".join(_components(name, ".n"))
             if len(path) < _FAST_PATH:  # only ASCII is below: characters are bytes
-                try:
-                    handle = self._open(path.encode())
-                except (FileNotFoundError, NotADirectoryError):
-                    return None
-                except OSError as exc:
-                    if exc.errno not in LINKED:
-                        raise
-                    # a link on the way: the walk below says which
-                else:
+                handle = self._open(path.encode())
+                if handle >= 0:
                     try:
                         return drain(handle, "")
                     except Odd as odd:
                         odd = Odd(odd.what, "names/" + "/".join(_components(name, ".n")))
                         raise self._odd(odd) from None
+                if -handle in ABSENT:
+                    return None
+                if -handle not in LINKED:
+                    raise OSError(-handle, os.strerror(-handle), path)
+                # a link on the way: the walk below says which
         try:
             return self._at(name, False, lambda leaf, fd, shown: slurp(leaf, fd, shown))
         except (FileNotFoundError, NotADirectoryError):
