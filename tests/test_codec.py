@@ -1,9 +1,13 @@
+import json
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from somatize import UnwritableError, codec, codecs_registered
-from somatize._codec import dumps, loads, pack, unpack
+from somatize import CorruptObject, StoreError, UnwritableError, codec, codecs_registered
+from somatize._codec import BYTES, MAGIC, OPAQUE, TUPLE, dumps, loads, pack, unpack
+from somatize.store import Store
 
 
 class Point:
@@ -80,3 +84,104 @@ def test_an_unknown_kind_on_reading_names_it():
         loads(blob)
     with pytest.raises(ValueError, match="bad magic"):
         loads(b"nope")
+
+
+# -- bytes that hash right but are not a value
+
+
+def test_loads_says_what_is_wrong_and_names_what_it_reads():
+    good = dumps({"p": Point(1, 2), "b": b"xy", "t": (1,)})
+    cases = {
+        good[:3]: "bad magic",
+        good[:8]: "end where the tree's length should be",
+        good[:5] + (10**6).to_bytes(8, "little") + good[13:]: "past the end",
+        good + b"!": "1 stray bytes",
+        blob_of({OPAQUE: "test.codec.Point", "buffer": 9}, [b"1,2"]): "points at buffer 9",
+        blob_of({BYTES: -1}, [b"1,2"]): "points at buffer -1",
+        blob_of({BYTES: True}, [b"1,2"]): "points at buffer True",
+        blob_of({OPAQUE: ["test.codec.Point"], "buffer": 0}, [b"1,2"]): "not a str",
+        blob_of({TUPLE: "12"}, []): "tuple is written",
+        blob_of([], [b"1"], lie=(2, 2)): "past the end",
+    }
+    for blob, said in cases.items():
+        with pytest.raises(CorruptObject, match=said) as caught:
+            loads(blob, "the object sha256:abc bound to 'x'")
+        assert str(caught.value).startswith("the object sha256:abc bound to 'x' cannot be read")
+    deep = MAGIC + (2000).to_bytes(8, "little") + b"[" * 1000 + b"]" * 1000 + bytes(8)
+    with pytest.raises(CorruptObject, match="RecursionError|deeper"):
+        loads(deep)
+    spoilt = dumps(Point(1, 2)).replace(b"1,2", b"1;2")
+    with pytest.raises(CorruptObject, match="'test.codec.Point' value cannot be read back"):
+        loads(spoilt)
+
+
+def blob_of(tree, buffers, lie=None):
+    """What ``dumps`` would write for this tree and these buffers; ``lie`` replaces one
+    length field (by position) with another number."""
+    head = json.dumps(tree).encode()
+    lengths = [len(head), len(buffers), *(len(b) for b in buffers)]
+    if lie is not None:
+        lengths[lie[0] % len(lengths)] = lie[1]
+    parts = [MAGIC, lengths[0].to_bytes(8, "little"), head, lengths[1].to_bytes(8, "little")]
+    for length, buffer in zip(lengths[2:], buffers):
+        parts += [length.to_bytes(8, "little"), buffer]
+    return b"".join(parts)
+
+
+JUNK = st.none() | st.booleans() | st.integers(-3, 5) | st.floats() | st.text(max_size=4)
+TREES = st.recursive(
+    JUNK | st.fixed_dictionaries({OPAQUE: st.sampled_from(["test.codec.Point", 7, None, ["x"]]),
+                                  "buffer": JUNK})
+    | st.fixed_dictionaries({BYTES: JUNK}),
+    lambda inner: st.lists(inner, max_size=3)
+    | st.dictionaries(st.text(max_size=3), inner, max_size=3)
+    | st.fixed_dictionaries({TUPLE: inner | st.lists(inner, max_size=3)}),
+    max_leaves=10)
+VALUES = st.recursive(
+    JUNK | st.binary(max_size=6) | st.builds(Point, st.integers(), st.integers()),
+    lambda inner: st.lists(inner, max_size=3) | st.tuples(inner, inner)
+    | st.dictionaries(st.text(max_size=3).filter(lambda k: not k.startswith("__soma")), inner,
+                      max_size=3),
+    max_leaves=10)
+BLOBS = st.one_of(
+    st.binary(max_size=120),
+    st.binary(max_size=60).map(lambda tail: MAGIC + tail),
+    st.builds(blob_of, TREES, st.lists(st.binary(max_size=8) | st.just(b"3,4"), max_size=3),
+              st.none() | st.tuples(st.integers(0, 4), st.integers(0, 2**64 - 1))),
+    st.builds(lambda value, at, byte: (lambda b: b[:at % len(b)] + bytes([byte])
+                                       + b[at % len(b) + 1:])(dumps(value)),
+              VALUES, st.integers(0, 10**6), st.integers(0, 255)),
+    st.builds(lambda value, cut: dumps(value)[:cut], VALUES, st.integers(0, 200)),
+)
+
+
+@pytest.mark.slow
+def test_loads_answers_any_bytes_with_a_value_or_a_somatize_error(tmp_path):
+    store = Store(tmp_path / "s", durable=False)
+    outcomes = {"value": 0, "CorruptObject": 0, "UnwritableError": 0}
+
+    @settings(max_examples=2000, deadline=None, database=None)
+    @given(BLOBS)
+    def check(blob):
+        try:
+            loads(blob)
+        except CorruptObject:
+            outcomes["CorruptObject"] += 1
+            name = f"fuzz/{sum(outcomes.values())}"  # a fresh name: no rewrite in place
+            digest = store.put(blob)
+            store.bind(name, digest)
+            # Without the magic, recall says it was put as raw bytes; with it, corrupt.
+            with pytest.raises(CorruptObject if blob.startswith(MAGIC) else StoreError,
+                               match="raw bytes|cannot be read") as caught:
+                store.recall(name)
+            assert digest in str(caught.value) and repr(name) in str(caught.value)
+        except UnwritableError as exc:  # a kind nobody registered: perhaps right bytes
+            outcomes["UnwritableError"] += 1
+            assert "nobody registered" in str(exc)
+        else:
+            outcomes["value"] += 1
+
+    check()
+    tried = sum(outcomes.values())
+    print(f"values codec: {tried} tried, {outcomes}, 0 other errors")
+    assert tried >= 1800 and min(outcomes.values()) > 0

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from importlib import import_module
 from typing import Any
 
-from ._errors import UnwritableError
+from ._errors import CorruptObject, SomaError, UnwritableError
 from ._node import Opaque
 
 __all__ = ["codec", "codec_for", "codec_modules", "codecs_registered", "dumps", "found_in",
@@ -200,6 +200,10 @@ def _plain(value: Any) -> Any:
     raise AssertionError(value)
 
 
+class _Malformed(Exception):
+    """What ``loads`` found wrong, said once it knows what to call the bytes."""
+
+
 def unpack(tree: Any, buffers: list[Any]) -> Any:
     """The mirror of ``pack``: the value alive again, non-data through the codecs.
 
@@ -210,30 +214,48 @@ def unpack(tree: Any, buffers: list[Any]) -> Any:
         if OPAQUE in tree:
             return _loaded(tree, buffers)
         if BYTES in tree:
-            return bytes(buffers[_at(tree[BYTES], buffers)])
+            return bytes(_buffer(buffers, tree[BYTES]))
         if TUPLE in tree:
-            return tuple(unpack(item, buffers) for item in tree[TUPLE])
+            items = tree[TUPLE]
+            if type(items) is not list:
+                raise _Malformed(f"a tuple is written as {type(items).__name__}, not a list")
+            return tuple(unpack(item, buffers) for item in items)
         return {key: unpack(item, buffers) for key, item in tree.items()}
     if cls is list:
         return [unpack(item, buffers) for item in tree]
     return tree
 
 
-def _at(index: Any, buffers: list[Any]) -> int:
-    if type(index) is not int or not 0 <= index < len(buffers):
-        raise IndexError(f"a value that points at buffer {index!r} of {len(buffers)}")
-    return index
+def _buffer(buffers: list[Any], at: Any) -> Any:
+    if type(at) is not int or not 0 <= at < len(buffers):
+        raise _Malformed(f"it points at buffer {at!r}, and there are {len(buffers)}")
+    return buffers[at]
 
 
 def _loaded(tree: dict[str, Any], buffers: list[Any]) -> Any:
-    load = loader(tree[OPAQUE])
-    buffer = buffers[_at(tree.get("buffer"), buffers)]
-    if type(buffer) is bytes:
-        return load(buffer)
+    """A codec's value, handed its buffer as it is (a codec written for bytes alone is
+    handed bytes, once more); whatever else it raises says the bytes are bad."""
+    kind = tree[OPAQUE]
+    if type(kind) is not str:
+        raise _Malformed(f"a codec kind is {kind!r}, not a str")
+    load = loader(kind)
+    buffer = _buffer(buffers, tree.get("buffer"))
     try:
-        return load(buffer)
-    except Exception:  # a codec written for bytes alone: it is handed bytes, once more
-        return load(bytes(buffer))
+        try:
+            return load(buffer)
+        except SomaError:
+            raise
+        except Exception:
+            if type(buffer) is bytes:
+                raise
+            return load(bytes(buffer))
+    except CorruptObject as exc:
+        raise _Malformed(f"its {kind!r} value is corrupt ({exc})") from exc
+    except SomaError:
+        raise
+    except Exception as exc:  # any failure to decode is the bytes'
+        raise _Malformed(f"its {kind!r} value cannot be read back "
+                         f"({type(exc).__name__}: {exc})") from exc
 
 
 # One value as one blob: MAGIC, the tree as JSON, then each buffer with its length.
@@ -258,24 +280,44 @@ def pieces_of(buffer: Any) -> tuple[Any, ...]:
     return buffer if type(buffer) is tuple else (buffer,)
 
 
-def loads(blob: bytes) -> Any:
-    """The mirror of ``dumps``."""
+def loads(blob: bytes, what: str = "these bytes") -> Any:
+    """The mirror of ``dumps``. Bytes it did not write are a ``CorruptObject`` naming
+    them as ``what`` (``"the object sha256:… bound to 'x'"``); a codec kind nobody
+    registered here is an ``UnwritableError``, since the bytes may be right."""
     view = memoryview(blob)
-    if bytes(view[: len(MAGIC)]) != MAGIC:
-        raise ValueError("these bytes were not written by somatize.dumps (bad magic)")
-    at = len(MAGIC)
-    (size,) = _LENGTH.unpack_from(view, at)
-    at += _LENGTH.size
-    tree = json.loads(bytes(view[at : at + size]))
-    at += size
-    (count,) = _LENGTH.unpack_from(view, at)
-    at += _LENGTH.size
-    buffers = []
-    for _ in range(count):
-        (size,) = _LENGTH.unpack_from(view, at)
-        at += _LENGTH.size
-        buffers.append(view[at : at + size])
-        at += size
-    if at != len(view):
-        raise ValueError(f"{len(view) - at} stray bytes after the last buffer")
-    return unpack(tree, buffers)
+    try:
+        if bytes(view[: len(MAGIC)]) != MAGIC:
+            raise _Malformed("they were not written by somatize.dumps (bad magic)")
+        at, size = _length(view, len(MAGIC), "the tree's length")
+        if size > len(view) - at:
+            raise _Malformed(f"the tree is said to be {size} bytes, past the end")
+        try:
+            tree = json.loads(bytes(view[at : at + size]))
+        except (ValueError, RecursionError) as exc:
+            raise _Malformed(f"the tree is not JSON ({type(exc).__name__}: {exc})") from None
+        at, count = _length(view, at + size, "the number of buffers")
+        buffers = []
+        for number in range(count):
+            at, size = _length(view, at, f"the length of buffer {number}")
+            if size > len(view) - at:
+                raise _Malformed(f"buffer {number} is said to be {size} bytes, past the end")
+            buffers.append(view[at : at + size])
+            at += size
+        if at != len(view):
+            raise _Malformed(f"{len(view) - at} stray bytes follow the last buffer")
+        try:
+            return unpack(tree, buffers)
+        except RecursionError:
+            raise _Malformed("the tree is nested deeper than Python can follow") from None
+    except _Malformed as malformed:
+        raise CorruptObject(
+            f"{what} cannot be read as a value: {malformed}; they hash right, so they were "
+            "written this way — put the value again, or remove the name that points at it"
+        ) from malformed.__cause__
+
+
+def _length(view: memoryview, at: int, what: str) -> tuple[int, int]:
+    """The 8-byte length at ``at`` and where what follows it begins."""
+    if at + _LENGTH.size > len(view):
+        raise _Malformed(f"they end where {what} should be")
+    return at + _LENGTH.size, _LENGTH.unpack_from(view, at)[0]

@@ -17,6 +17,8 @@ ValueError`` keeps working for code that has never heard of somatize::
     │   ├── CorruptObject       ValueError   bytes that do not match their digest
     │   └── BadName             ValueError   a name or digest that is not well formed
     ├── RecordError             ValueError   a run, forward or record that cannot be read
+    │   └── CorruptRecord                    a record's bytes that are not a record (also
+    │                                        a CorruptObject: they hash right all the same)
     ├── WireError               ConnectionError   a worker could not be reached or answered badly
     │   ├── Silent              TimeoutError      a connection quiet past its heartbeat
     │   ├── Unauthorised        PermissionError   the token or the certificate did not match
@@ -119,6 +121,10 @@ class BadName(StoreError, ValueError):
 
 class RecordError(SomaError, ValueError):
     """A run, a forward or a record that cannot be read as asked."""
+
+
+class CorruptRecord(CorruptObject, RecordError):
+    """An object bound as a record whose bytes are not one; caught as either parent."""
 
 
 class WireError(SomaError, ConnectionError):

@@ -69,7 +69,7 @@ def _load(store: Any, found: dict[int, tuple[str, Any]], out: list[Any]) -> list
     for at, (digest, index) in found.items():
         if digest not in objects:
             blob = store.get(digest)
-            objects[digest] = None if blob is None else loads(blob)
+            objects[digest] = None if blob is None else loads(blob, f"the object {digest}")
         value = objects[digest]
         if value is None:
             gone.append(at)

@@ -254,7 +254,8 @@ class Memory(Hooks):
                 f"node {node!r}: {bound.name} points at {bound.digest}, which the store "
                 "does not have; remove the name, or put the object back"
             ))
-        value = loads(blob)
+        value = loads(blob, f"the object {bound.digest} that {bound.name} (node {node!r}) "
+                            "points at")
         kept_as = bound.meta.get("fingerprint") if bound.meta else None
         now = self.prog.data.fingerprints.get(node)
         if kept_as != now:

@@ -15,7 +15,9 @@
 ``--endpoint URL`` (or ``AWS_ENDPOINT_URL``) and the usual AWS credential variables.
 
 A mistake (a store that is not there, an unknown run, a forward out of range) is one
-line on stderr and exit status 2; a traceback means a bug in somatize.
+line on stderr and exit status 2, and so is a store whose bytes are corrupt; a warning
+(a record left out of a listing) is one line on stderr too. A traceback means a bug in
+somatize.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import math
 import os
 import secrets
 import sys
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -80,24 +83,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["demo"]:
         return _demo(argv[1:])
     arguments = _parser().parse_args(argv)
-    try:
-        if arguments.command == "runs":
-            _print(_runs(_store(arguments.store)))
-        elif arguments.command == "show":
-            _print(_show(_store(arguments.store), arguments.run, arguments.forward))
-        elif arguments.command == "report":
-            _report(_store(arguments.store), arguments.run, arguments.output)
-        elif arguments.command == "serve":
-            _serve(arguments)
-        elif arguments.command == "export":
-            _export(arguments)
-        elif arguments.command == "token":
-            _print([secrets.token_urlsafe(32)])
-    except KeyboardInterrupt:  # Ctrl-C is how a served page is stopped
-        return 0
-    except (Refused, SomaError, OSError, ImportError) as exc:
-        print(f"somatize {arguments.command}: {exc}", file=sys.stderr)
-        return USAGE_ERROR
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        try:
+            if arguments.command == "runs":
+                _print(_runs(_store(arguments.store)))
+            elif arguments.command == "show":
+                _print(_show(_store(arguments.store), arguments.run, arguments.forward))
+            elif arguments.command == "report":
+                _report(_store(arguments.store), arguments.run, arguments.output)
+            elif arguments.command == "serve":
+                _serve(arguments)
+            elif arguments.command == "export":
+                _export(arguments)
+            elif arguments.command == "token":
+                _print([secrets.token_urlsafe(32)])
+        except KeyboardInterrupt:  # Ctrl-C is how a served page is stopped
+            return 0
+        except (Refused, SomaError, OSError, ImportError) as exc:
+            print(f"somatize {arguments.command}: {exc}", file=sys.stderr)
+            return USAGE_ERROR
+        finally:
+            for said in dict.fromkeys(str(warning.message) for warning in warned):
+                print(f"somatize {arguments.command}: warning: {said}", file=sys.stderr)
     return 0
 
 
@@ -124,7 +132,11 @@ def _store(where: str) -> Any:
 
 # -- runs ---------------------------------------------------------------------------------
 def _when(seconds: float) -> str:
-    return datetime.datetime.fromtimestamp(seconds, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S")
+    try:
+        moment = datetime.datetime.fromtimestamp(seconds, datetime.UTC)
+    except (OverflowError, ValueError, OSError):  # a record may say any number
+        return f"{seconds} s"
+    return moment.strftime("%Y-%m-%d %H:%M:%S")
 
 
 def _value(value: Any) -> str:

@@ -8,9 +8,11 @@ import sys
 import textwrap
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import somatize
-from somatize import Graph, Node, RecordError
+from somatize import CorruptObject, Graph, Node, RecordError
 from somatize.record import Recorder, curve, facts, forwards, nodes, runs
 from somatize.store import Store
 
@@ -223,3 +225,78 @@ def test_a_reader_here_sees_what_a_recorder_here_still_holds(store):
     assert facts(store, "open", 2)[-1] == {"fact": "loss", "value": 2.0}
     g.forward(3, watching=recorder)  # and the recorder goes on as before
     assert forwards(store, "open") == 4
+
+
+# -- records whose bytes are anything at all
+
+
+WILD = (st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats()
+        | st.text(max_size=5) | st.integers(-3, 3).map(lambda n: [n] * abs(n)))
+FACTS = st.one_of(
+    WILD,
+    st.dictionaries(
+        st.sampled_from(["fact", "node", "host", "took_us", "began_us", "items", "at_us",
+                         "value", "failed", "backward", "bytes", "step"]),
+        WILD | st.sampled_from(["ran", "finished", "sent", "received", "loss", "began",
+                                "failed", "kept", "n"]),
+        max_size=6),
+)
+RECORD_BYTES = st.one_of(
+    st.binary(max_size=80),
+    st.integers(1, 5000).map(lambda depth: b"[" * depth + b"]" * depth),
+    st.recursive(WILD, lambda inner: st.lists(inner, max_size=3)
+                 | st.dictionaries(st.text(max_size=4), inner, max_size=3)).map(
+        lambda doc: json.dumps(doc).encode()),
+    st.lists(FACTS, max_size=8).map(lambda said: json.dumps({"format": 1, "facts": said})
+                                    .encode()),
+    st.fixed_dictionaries({"format": st.sampled_from([1, 1, 1, 2, 0, "1", None]),
+                           "facts": st.lists(FACTS, max_size=6) | WILD}).map(
+        lambda doc: json.dumps(doc).encode()),
+)
+
+
+@pytest.mark.slow
+def test_a_record_of_any_bytes_reads_or_is_refused_never_a_traceback(tmp_path, capsys):
+    from somatize.cli import _show, main
+
+    store = Store(tmp_path / "s", durable=False)
+    outcomes = {"read": 0, "refused": 0}
+
+    @settings(max_examples=1000, deadline=None, database=None)
+    @given(RECORD_BYTES)
+    def check(record):
+        run = f"fuzz{sum(outcomes.values())}"  # a run of its own: nothing rewritten in place
+        store.bind(f"run/{run}/0", store.put(record), {"loss": None})
+        try:
+            facts(store, run, 0)
+            nodes(store, run)
+            curve(store, run)
+            curve(store, run, "finished", field="took_us")
+            _show(store, run, None)  # what `somatize show` prints, with and without -f
+            _show(store, run, 0)
+        except RecordError as exc:  # CorruptRecord among them: a CorruptObject too
+            outcomes["refused"] += 1
+            assert f"run/{run}/0" in str(exc)
+        else:
+            outcomes["read"] += 1
+        if sum(outcomes.values()) % 20 == 0:  # and the command itself, now and then
+            assert main(["show", store.where, run, "-f", "0"]) in (0, 2)
+            capsys.readouterr()
+
+    check()
+    tried = sum(outcomes.values())
+    print(f"records: {tried} tried, {outcomes}, 0 other errors")
+    assert tried >= 900 and min(outcomes.values()) > 0
+
+
+def test_a_corrupt_record_is_one_line_from_somatize_show(store):
+    train_like(store, "a-run", 2)
+    put_record(store, "run/a-run/1", b"[" * 100_000)
+    done = subprocess.run([sys.executable, "-m", "somatize", "show", store.where, "a-run"],
+                          capture_output=True, text=True, timeout=120, check=False,
+                          env={**os.environ, "PYTHONPATH": SRC})
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.startswith("somatize show: record run/a-run/1 in ")
+    assert "is not JSON" in done.stderr and len(done.stderr.splitlines()) == 1
+    with pytest.raises(CorruptObject, match="run/a-run/1"):
+        facts(store, "a-run", 1)

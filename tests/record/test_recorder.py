@@ -9,12 +9,13 @@ import subprocess
 import sys
 import textwrap
 import threading
+from pathlib import Path
 
 import pytest
 
 import somatize
 from somatize import Graph, Node, RecordError, UnwritableError
-from somatize.record import Recorder
+from somatize.record import Recorder, facts
 from somatize.store import Store
 
 SRC = os.path.dirname(os.path.dirname(somatize.__file__))
@@ -331,3 +332,73 @@ def test_a_trainers_step_is_written_once_when_its_loss_is_in(tmp_path):
     recorder({"fact": "began", "at_us": 1})
     recorder({"fact": "finished", "took_us": 1})
     assert store.resolve("run/steps/3") is not None
+
+
+# -- a store that cannot be written
+
+
+TRAINING = """
+import json, os, resource, signal, sys, warnings
+sys.path.insert(0, sys.argv[3])
+import torch
+from trainnets import batches, graph
+from somatize.record import Recorder, facts
+from somatize.store import Store
+from somatize.torch import Trainer, parameters
+
+where, how = sys.argv[1:3]
+
+def trainer(watching):
+    g, _, _ = graph(seed=3)
+    return Trainer(g, objective=torch.nn.functional.mse_loss,
+                   optimizer=torch.optim.SGD(parameters(g), lr=0.05), watching=watching)
+
+data = batches(10)
+recorder = Recorder(Store(where), run="full", summarising=["loss"])
+recorded, plain = trainer(recorder), trainer(None)
+if how == "rlimit":  # from here the kernel refuses this process every write to a file
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, hard))
+losses = [recorded.step(batch) for batch in data[:5]]
+print(json.dumps({"lost": recorder.lost}), flush=True)
+sys.stdin.readline()  # the disk has room again
+if how == "rlimit":
+    resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))
+losses += [recorded.step(batch) for batch in data[5:]]
+recorder({"fact": "said last"})
+print(json.dumps({"lost": recorder.lost, "repr": repr(recorder),
+                  "same": losses == [plain.step(batch) for batch in data]}), flush=True)
+# not closed: what is left is written at exit
+"""
+
+
+def test_a_full_disk_does_not_break_training_and_recording_resumes(full_disk):
+    pytest.importorskip("torch")
+    where = full_disk.where / "s"
+    Store(where)
+    full_disk.fill()
+    child = subprocess.Popen(
+        [sys.executable, "-c", TRAINING, str(where), full_disk.how,
+         str(Path(__file__).resolve().parents[1] / "torch")],
+        env={**os.environ, "PYTHONPATH": SRC}, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    try:
+        first = json.loads(child.stdout.readline() or "null")
+        assert first is not None, child.communicate(timeout=60)[1]
+        full_disk.free()
+        out, err = child.communicate("go on\n", timeout=120)
+    finally:
+        child.kill()
+        child.wait()
+    assert child.returncode == 0, err
+    assert "Traceback" not in err and "Exception ignored" not in err
+    assert err.count("UserWarning") == 1, err
+    reason = "No space left on device" if full_disk.how == "tmpfs" else "File too large"
+    assert "could not write forward 0" in err and reason in err and "Recorder.lost" in err
+    last = json.loads(out.splitlines()[-1])
+    assert first["lost"] == 4  # steps 0 to 3 were lost; 4 waited for its second try
+    assert last["lost"] == 4 and "lost=4" in last["repr"] and last["same"] is True
+    kept = Store(where).bound("run/full")
+    assert [b.name for b in kept] == [f"run/full/{i}" for i in range(4, 10)]
+    assert facts(Store(where), "full", 9)[-1]["fact"] == "said last"  # written at exit

@@ -197,3 +197,51 @@ def lossy_endpoint(s3_endpoint) -> Iterator[str]:
     """An endpoint that makes each first conditional write and hangs up without saying so."""
     with relay(s3_endpoint, loses=set()) as endpoint:
         yield endpoint
+
+
+class Users:
+    """The endpoint of a server that checks every request against IAM policies, and the
+    credentials of its users: ``writer`` may do anything, ``reader`` may list and read
+    but not write, and may not read ``names/hidden`` in any bucket."""
+
+    def __init__(self, endpoint: str, keys: dict[str, tuple[str, str]]):
+        self.endpoint, self.keys = endpoint, keys
+
+    def client(self, user: str):
+        import boto3
+        from botocore.config import Config
+
+        key, secret = self.keys[user]
+        return boto3.session.Session().client(
+            "s3", endpoint_url=self.endpoint, region_name="us-east-1", aws_access_key_id=key,
+            aws_secret_access_key=secret, config=Config(s3={"addressing_style": "path"}))
+
+
+_POLICIES = {
+    "writer": [{"Effect": "Allow", "Action": ["s3:*"], "Resource": "*"}],
+    "reader": [{"Effect": "Allow", "Action": ["s3:GetObject", "s3:ListBucket"], "Resource": "*"},
+               {"Effect": "Deny", "Action": ["s3:GetObject"],
+                "Resource": "arn:aws:s3:::*/names/hidden"}],
+}
+
+
+@pytest.fixture(scope="session")
+def iam_endpoint() -> Iterator[Users]:
+    """A second moto server, one that enforces IAM: its first six requests make the two
+    users (unchecked, as moto allows), and every request after is checked."""
+    import json
+
+    import boto3
+
+    with s3_server(INITIAL_NO_AUTH_ACTION_COUNT=str(3 * len(_POLICIES))) as endpoint:
+        iam = boto3.session.Session().client(
+            "iam", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id=KEY,
+            aws_secret_access_key=SECRET)
+        keys = {}
+        for user, statements in _POLICIES.items():
+            iam.create_user(UserName=user)
+            iam.put_user_policy(UserName=user, PolicyName="store", PolicyDocument=json.dumps(
+                {"Version": "2012-10-17", "Statement": statements}))
+            made = iam.create_access_key(UserName=user)["AccessKey"]
+            keys[user] = (made["AccessKeyId"], made["SecretAccessKey"])
+        yield Users(endpoint, keys)

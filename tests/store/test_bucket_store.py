@@ -18,7 +18,8 @@ from s3server import KEY, SECRET, make_bucket, raw_client, s3_server
 from contract import StoreContract
 
 import somatize
-from somatize import BadName, StoreError
+from somatize import BadName, CorruptObject, StoreError
+from somatize.record import Recorder
 from somatize.store import Store
 
 pytest.importorskip("boto3")
@@ -298,3 +299,76 @@ class socket_nobody_listens_on:
 
     def __exit__(self, *exc) -> None:
         self.socket.close()
+
+
+# -- faults and bad bytes
+
+
+def test_credentials_that_may_only_read_open_the_store_read_only(iam_endpoint):
+    bucket = "archive-" + secrets.token_hex(4)
+    writer = iam_endpoint.client("writer")
+    writer.create_bucket(Bucket=bucket)
+    key, secret = iam_endpoint.keys["writer"]
+    Store.on_bucket(iam_endpoint.endpoint, bucket, key=key, secret=secret).keep("kept", [1])
+    before = keys_of(writer, bucket)
+    key, secret = iam_endpoint.keys["reader"]
+    store = Store.on_bucket(iam_endpoint.endpoint, bucket, key=key, secret=secret)
+    assert store.recall("kept") == [1] and [b.name for b in store.bound()] == ["kept"]
+    for attempt in (lambda: store.keep("new", 2), lambda: store.put(b"x"),
+                    lambda: store.claim("kept/2", store.resolve("kept").digest)):
+        with pytest.raises(StoreError) as caught:
+            attempt()
+        message = str(caught.value)
+        assert "read-only with these credentials" in message and "AccessDenied" in message
+        assert "key=" in message and repr(bucket) in message
+    with pytest.warns(UserWarning, match="read-only") as warned:
+        recorder = Recorder(store, run="r")
+        for _ in range(2):
+            recorder({"fact": "began"})
+            recorder({"fact": "finished", "took_us": 1})
+        recorder.close()
+    assert len(warned) == 1 and recorder.lost == 2
+    assert pickle.loads(pickle.dumps(store)).recall("kept") == [1]
+    assert keys_of(writer, bucket) == before
+    with pytest.raises(StoreError, match="InvalidAccessKeyId"):  # unknown: refused at once
+        Store.on_bucket(iam_endpoint.endpoint, bucket, key="AKIANOBODY", secret="wrong")
+
+
+def test_a_record_that_cannot_be_read_is_left_out_of_a_bucket_listing(iam_endpoint):
+    bucket = "records-" + secrets.token_hex(4)
+    writer = iam_endpoint.client("writer")
+    writer.create_bucket(Bucket=bucket)
+    key, secret = iam_endpoint.keys["writer"]
+    store = Store.on_bucket(iam_endpoint.endpoint, bucket, key=key, secret=secret)
+    digest = store.put(b"x")
+    for name in ("a", "hidden", "run/0", "run/1"):
+        store.bind(name, digest)
+    writer.put_object(Bucket=bucket, Key="names/run/1", Body=b'{"digest":')
+    with pytest.warns(UserWarning, match="'run/1'") as warned:
+        assert [b.name for b in store.bound()] == ["a", "hidden", "run/0"]
+    assert len(warned) == 1
+    key, secret = iam_endpoint.keys["reader"]
+    reader = Store.on_bucket(iam_endpoint.endpoint, bucket, key=key, secret=secret)
+    with pytest.warns(UserWarning) as warned:
+        assert [b.name for b in reader.bound()] == ["a", "run/0"]
+    message = str(warned[0].message)
+    assert len(warned) == 1 and "'hidden'" in message and "AccessDenied" in message
+    assert "'run/1'" in message
+
+
+def test_put_heals_an_object_whose_bytes_in_the_bucket_are_corrupt(s3_endpoint, credentials):
+    bucket = fresh_bucket(s3_endpoint)
+    store = Store.on_bucket(s3_endpoint, bucket)
+    data = os.urandom(1000)
+    digest = store.put(data)
+    raw_client(s3_endpoint).put_object(Bucket=bucket, Key=f"objects/{digest[7:]}",
+                                      Body=data[:-1] + bytes([data[-1] ^ 1]))
+    with pytest.raises(CorruptObject, match=digest):
+        store.get(digest)
+    assert store.put(data) == digest
+    assert store.get(digest) == data
+
+
+def keys_of(client, bucket: str) -> dict[str, str]:
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket)
+    return {item["Key"]: item["ETag"] for page in pages for item in page.get("Contents", ())}

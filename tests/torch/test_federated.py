@@ -310,15 +310,18 @@ weights = {"n": {"w": torch.arange(4.0) * (mine + 1) + shift}}
 for round in range(rounds):
     average = federated.gather(store, weights, run=run, round=round, clients=clients,
                                mine=mine, size=mine + 1, asking=0.05, within=float(
-                               os.environ.get("WITHIN", "30")), lease=1.0)
+                               os.environ.get("WITHIN", "30")), lease=1.0,
+                               secret=os.environ.get("SECRET"))
     weights = {"n": {"w": average["n"]["w"] + 1}}
 print(json.dumps(average["n"]["w"].tolist()))
 """
 
 
-def client(where, run, mine, clients, rounds=1, dying="", *extra, within=30.0):
+def client(where, run, mine, clients, rounds=1, dying="", *extra, within=30.0, secret=None):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")]),
                WITHIN=str(within))
+    if secret is not None:
+        env["SECRET"] = secret
     return subprocess.Popen(
         [sys.executable, "-c", CLIENT, str(where), run, str(mine), str(clients), str(rounds),
          dying, *extra], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -371,6 +374,93 @@ def test_an_averager_killed_between_claim_and_write_does_not_wedge_the_round(tmp
     assert code == 0, err
     assert torch.equal(torch.tensor(json.loads(out)), expected)
     assert torch.equal(store.recall(f"fed/r/0/client/{dead}")["n"]["w"], parts[dead]["n"]["w"])
+
+
+# -- a secret: who may write the store no longer decides what the round answers
+
+
+SECRET = "a-secret-every-client-of-the-run-is-given-" + "x" * 16
+
+PLANT = """
+import sys
+import torch
+import somatize.torch
+from somatize.store import Store
+store = Store(sys.argv[1])
+for name, mac in zip(sys.argv[2::2], sys.argv[3::2]):
+    meta = {"clients": 3, "client": 1, "size": 2, "sizes": [1.0, 2.0, 3.0], "by": "mallory"}
+    if mac:
+        meta["mac"] = mac
+    store.keep("planted/" + name.replace("/", "."), {"n": {"w": torch.full((4,), 666.0)}})
+    assert store.claim(name, store.resolve("planted/" + name.replace("/", ".")).digest, meta)
+"""
+
+
+def plant(where, *names_and_macs):
+    """A real process that may write the store, without the secret, claiming names first."""
+    done = subprocess.run([sys.executable, "-c", PLANT, str(where), *names_and_macs],
+                          env=dict(os.environ, PYTHONPATH=SRC), capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.slow
+def test_a_round_with_a_secret_is_signed_and_a_replaced_average_is_refused(tmp_path):
+    where = tmp_path / "s"
+    store = Store(where)
+    said = finish([client(where, "r", k, 3, secret=SECRET) for k in range(3)])
+    assert [code for code, *_ in said] == [0, 0, 0], said
+    answers = {out for _, out, _ in said}
+    assert len(answers) == 1
+    names = ["fed/r/0/average"] + [f"fed/r/0/client/{k}" for k in range(3)]
+    assert all(len(store.resolve(name).meta["mac"]) == 64 for name in names)
+    # A writer of the store binds its own object under the real average's name and meta
+    # (its MAC included): the MAC is of the name and digest too, so it does not pass.
+    real = store.resolve("fed/r/0/average")
+    store.bind("fed/r/0/average", store.keep("mine", {"n": {"w": torch.zeros(4)}}), real.meta)
+    (code, _, err), = finish([client(where, "r", 0, 3, secret=SECRET)])
+    assert code != 0 and "StoreError" in err
+    assert "fed/r/0/average" in err and "carries a MAC this secret does not make" in err
+    # ...nor does the real one, copied to the next round's name.
+    store.bind("fed/r/0/average", real.digest, real.meta)
+    store.bind("fed/r/1/average", real.digest, real.meta)
+    assert json.loads(finish([client(where, "r", 0, 3, secret=SECRET)])[0][1]) == \
+        json.loads(answers.pop())
+    with pytest.raises(somatize.StoreError, match="fed/r/1/average"):
+        gather(store, part(0), run="r", round=1, clients=3, mine=0, secret=SECRET, within=5)
+
+
+@pytest.mark.slow
+def test_a_writer_without_the_secret_cannot_forge_a_round(tmp_path):
+    where = tmp_path / "s"
+    Store(where)
+    plant(where, "fed/a/0/average", "", "fed/b/0/average", "0" * 64, "fed/c/0/client/1", "")
+    said = finish([client(where, "a", 0, 3, secret=SECRET), client(where, "a", 1, 3),
+                   client(where, "b", 0, 3, secret=SECRET)]
+                  + [client(where, "c", k, 3, secret=SECRET) for k in range(3)])
+    (code, _, err), unsigned, (forged, _, said_b), *parts = said
+    assert code != 0 and "fed/a/0/average" in err and "carries no MAC" in err, err
+    assert "'mallory'" in err
+    assert unsigned[0] == 0 and json.loads(unsigned[1]) == [666.0] * 4  # no secret: taken
+    assert forged != 0 and "fed/b/0/average" in said_b and "does not make" in said_b, said_b
+    for code, _, err in parts:  # client 1's own part lost its claim to the planted one
+        assert code != 0 and "fed/c/0/client/1 in " in err and "carries no MAC" in err, err
+    assert Store(where).resolve("fed/c/0/average") is None
+
+
+def test_a_secret_is_a_str_or_bytes_and_a_short_one_is_warned_of(tmp_path):
+    store = Store(tmp_path / "s", durable=False)
+    with pytest.raises(TypeError, match="secret= is a str or bytes"):
+        gather(store, part(0), run="r", round=0, clients=1, mine=0, secret=12)
+    with pytest.raises(ValueError, match="secret= is empty"):
+        gather(store, part(0), run="r", round=0, clients=1, mine=0, secret=b"")
+    assert store.bound() == []
+    with pytest.warns(UserWarning, match="secret= is 5 bytes"):
+        done = gather(store, part(3), run="r", round=0, clients=1, mine=0, secret="short")
+    assert torch.equal(done["n"]["w"], part(3)["n"]["w"])
+    with pytest.warns(UserWarning, match="secret= is 5 bytes"):
+        again = gather(store, part(4), run="r", round=0, clients=1, mine=0, secret=b"short")
+    assert again["n"]["w"][0] == 3  # str and bytes: the same secret
 
 
 # -- the example: processes on a folder, submitit on a bucket

@@ -6,17 +6,13 @@ import tracemalloc
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import somatize.torch  # noqa: F401  (registers the codec)
-from somatize import (
-    CorruptObject,
-    Graph,
-    Node,
-    Opaque,
-    UnwritableError,
-    codecs_registered,
-)
-from somatize._codec import dumps, loads
+from somatize import (CorruptObject, Graph, Node, Opaque, UnwritableError,
+                      codecs_registered)
+from somatize._codec import MAGIC, OPAQUE, dumps, loads
 from somatize.store import Store
 from somatize.torch import _codec
 
@@ -173,3 +169,75 @@ def test_nested_weights_keep_and_recall_through_a_store(tmp_path):
     assert store.keep("round/3-again", {n: dict(k) for n, k in weights.items()}) == digest
     again = loads(dumps(weights))
     assert torch.equal(again["body"]["net.0.weight"], weights["body"]["net.0.weight"])
+
+
+# -- any bytes at all
+
+
+def header_blob(entry, data: bytes, length_lie: int | None = None) -> bytes:
+    head = json.dumps({"t": entry}).encode()
+    head += b" " * (-(len(head) + 8) % 16)
+    return struct.pack("<Q", len(head) if length_lie is None else length_lie) + head + data
+
+
+LABELS = sorted(_codec._READ) + ["F99", "", "f32", 3, None, ["F32"]]
+SIZES = st.integers(0, 4) | st.integers(-2, 2**65) | st.floats() | st.text(max_size=2)
+HEADERS = st.fixed_dictionaries({
+    "dtype": st.sampled_from(LABELS),
+    "shape": st.lists(SIZES, max_size=5) | SIZES | st.none(),
+    "data_offsets": st.lists(SIZES, max_size=3) | st.tuples(st.just(0), st.integers(0, 64)),
+})
+TENSORS = st.builds(
+    lambda dtype, shape: random_bits(dtype, shape), st.sampled_from(EVERY_DTYPE),
+    st.lists(st.integers(0, 3), max_size=3))
+TENSOR_BLOBS = st.one_of(
+    st.binary(max_size=100),
+    st.builds(header_blob, HEADERS, st.binary(max_size=64),
+              st.none() | st.integers(0, 2**64 - 1)),
+    st.builds(lambda entry, data: header_blob(entry, data), HEADERS.map(
+        lambda e: {**e, "data_offsets": [0, 8]}), st.binary(min_size=8, max_size=8)),
+    st.builds(lambda t, at, byte: (lambda b: b[:at % len(b)] + bytes([byte])
+                                   + b[at % len(b) + 1:])(bytes(_codec.dump(t))),
+              TENSORS, st.integers(0, 10**6), st.integers(0, 255)),
+    st.builds(lambda t, cut: bytes(_codec.dump(t))[:cut], TENSORS, st.integers(0, 200)),
+    st.builds(lambda t, more: bytes(_codec.dump(t)) + more, TENSORS, st.binary(max_size=9)),
+)
+
+
+@pytest.mark.slow
+def test_the_tensor_codec_answers_any_bytes_with_a_tensor_or_a_somatize_error(tmp_path):
+    store = Store(tmp_path / "s", durable=False)
+    outcomes = {"tensor": 0, "CorruptObject": 0, "UnwritableError": 0}
+
+    @settings(max_examples=2000, deadline=None, database=None)
+    @given(TENSOR_BLOBS)
+    def check(blob):
+        try:
+            tensor = _codec.load(blob)
+        except CorruptObject:
+            outcomes["CorruptObject"] += 1
+            if outcomes["CorruptObject"] % 10 == 1:  # and named, through a store
+                name = f"fuzz/{sum(outcomes.values())}"
+                store.bind(name, store.put(as_value(blob)))
+                with pytest.raises(CorruptObject, match=f"'{name}'.*not a tensor"):
+                    store.recall(name)
+        except UnwritableError as exc:
+            outcomes["UnwritableError"] += 1
+            assert "cannot hold" in str(exc)
+        else:
+            outcomes["tensor"] += 1
+            assert tensor.numel() * tensor.element_size() == len(blob) - 8 - struct.unpack(
+                "<Q", blob[:8])[0]
+
+    check()
+    tried = sum(outcomes.values())
+    print(f"tensor codec: {tried} tried, {outcomes}, 0 other errors")
+    assert tried >= 1800 and min(outcomes.values()) > 0
+
+
+def as_value(blob: bytes) -> bytes:
+    """A kept value whose one buffer is ``blob``, under the tensor codec's kind: what a
+    store would hold for a tensor whose bytes went bad before they were hashed."""
+    head = json.dumps({OPAQUE: _codec.KIND, "buffer": 0}).encode()
+    return b"".join([MAGIC, struct.pack("<Q", len(head)), head, struct.pack("<Q", 1),
+                     struct.pack("<Q", len(blob)), blob])

@@ -9,10 +9,11 @@ of the run, once.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._errors import RecordError
+from .._errors import CorruptRecord, RecordError
 from .._version import __version__
 from ._recorder import FORMAT, check_run, flush_pending, forward_name
 
@@ -107,16 +108,18 @@ def read(store: Any, bound: Any) -> dict[str, Any]:
         )
     try:
         record = json.loads(data)
-    except ValueError as exc:
-        raise RecordError(
-            f"record {bound.name} in {_where(store)} is not JSON ({exc}); it was not written "
-            "by a Recorder — bind that name to a record, or remove it"
+    except (ValueError, RecursionError) as exc:
+        raise CorruptRecord(
+            f"record {bound.name} in {_where(store)} is not JSON (the object {bound.digest}: "
+            f"{type(exc).__name__}: {exc}); it was not written by a Recorder — bind that "
+            "name to a record, or remove it"
         ) from None
     version = record.get("format") if type(record) is dict else None
     if type(version) is not int or version < 1 or type(record.get("facts")) is not list:
-        raise RecordError(
+        raise CorruptRecord(
             f"record {bound.name} in {_where(store)} is JSON but not a record (a record is "
-            '{"format": 1, "run": ..., "forward": i, "facts": [...]}); it was not written by a Recorder'
+            '{"format": 1, "run": ..., "forward": i, "facts": [...]}, and the object '
+            f"{bound.digest} is not); it was not written by a Recorder"
         )
     if version > FORMAT:
         raise RecordError(
@@ -201,7 +204,16 @@ def _count(tally: Tally, fact: dict[str, Any]) -> None:
 
 
 def _int(value: Any) -> int:
-    return value if type(value) is int else int(value) if isinstance(value, (int, float)) else 0
+    """A count or a time from a fact; 0 for what cannot be one (a record may hold any
+    JSON, and a sum must not fail on it)."""
+    if type(value) is int:
+        return value if -_HUGE < value < _HUGE else 0
+    if isinstance(value, (int, float)) and math.isfinite(value) and -_HUGE < value < _HUGE:
+        return int(value)
+    return 0
+
+
+_HUGE = 2**63
 
 
 def tally(store: Any, run: str) -> Tally:

@@ -12,6 +12,11 @@ extension, which Python reads back, since a diverging loss is exactly what a rec
 must keep. Each fact is turned into JSON as it arrives, so a fact that cannot be written down is
 refused to whoever said it, while the state is still as it was, and a rewrite costs
 a join rather than a second encoding.
+
+A record that cannot be written (a full disk, a read-only store) never fails the
+forward or the step that said it: the Recorder warns once, with the reason, counts
+every forward whose record it lost (``Recorder.lost``), and tries again with the next
+one, so recording resumes by itself once the store can be written again.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import json
 import os
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Iterable
 from typing import Any
@@ -145,7 +151,8 @@ class Recorder:
     still whole (temp file and rename), but the last few may not survive a power cut.
 
     A run that already has records is continued after its last forward, and a forward
-    index taken meanwhile by another process is skipped, never overwritten. Refused: a
+    index taken meanwhile by another process is skipped, never overwritten. A store
+    that cannot be written to does not stop the forward: see ``lost``. Refused: a
     fact that is not a dict with a ``fact`` name, a value with no plain form (facts
     hold JSON data; torch and numpy values are written by ``tolist()``), and facts
     after ``close()``. Safe to call from several threads.
@@ -173,6 +180,13 @@ class Recorder:
         """The store the records are written through."""
         return self._book.store
 
+    @property
+    def lost(self) -> int:
+        """How many forwards' records could not be written (whole, or their last facts):
+        the store refused them (it was full, read-only, unreachable), which the
+        Recorder said once, as a warning, when it first happened."""
+        return self._book.lost
+
     def __call__(self, fact: dict[str, Any]) -> None:
         self._book.take(fact)
 
@@ -191,7 +205,8 @@ class Recorder:
         self.close()
 
     def __repr__(self) -> str:
-        return f"Recorder(run={self.run!r}, forwards={self._book.forwards})"
+        lost = f", lost={self._book.lost}" if self._book.lost else ""
+        return f"Recorder(run={self.run!r}, forwards={self._book.forwards}{lost})"
 
 
 class _Book:
@@ -217,6 +232,8 @@ class _Book:
         self.forwards = 0
         self.claimed: int | None = None  # the forward whose name this book holds
         self.stepping = False  # a Trainer's forward: written when its loss is in
+        self.lost = 0  # forwards whose record the store refused, for good
+        self.warned = False
         self.where = getattr(store, "where", None)
         self.head = f'{{"format":{FORMAT},"run":{json.dumps(run)},"forward":'  # then the index
 
@@ -251,8 +268,8 @@ class _Book:
 
     def _began(self) -> None:
         if self.current is not None:
-            if self.unwritten:
-                self._write()
+            if self.unwritten and not self._write():
+                self.lost += 1  # its second chance, and its last
             self.lines = []
             self.summary = {}
         # else: facts said before the first forward open it
@@ -278,9 +295,27 @@ class _Book:
             self.current = self.next
             self.next += 1
             self.forwards += 1
-        self._write()
+        if not self._write() and self.closed:
+            self.lost += 1
 
-    def _write(self) -> None:
+    def _write(self) -> bool:
+        """Writes the forward being recorded; False, having said so once, if the store
+        refused it — the facts stay, for the next try."""
+        try:
+            self._put()
+        except OSError as exc:  # every StoreError is one
+            if not self.warned:
+                self.warned = True
+                warnings.warn(
+                    f"the Recorder of run {self.run!r} could not write forward "
+                    f"{self.current} to {self.where}: {exc}. Training goes on; the Recorder "
+                    "tries again with each forward, and Recorder.lost counts the forwards "
+                    "whose record it could not write", UserWarning, stacklevel=5)
+            return False
+        self.unwritten = False
+        return True
+
+    def _put(self) -> None:
         meta = {name: self.summary.get(name) for name in self.summarising}
         if self.claimed == self.current:
             self.store.bind(forward_name(self.run, self.current), self.store.put(self._body()), meta)
@@ -292,7 +327,6 @@ class _Book:
                 self.current = self.next
                 self.next += 1
             self.claimed = self.current
-        self.unwritten = False
 
     def _body(self) -> bytes:
         return "".join((self.head, str(self.current), ',"facts":[', ",".join(self.lines),

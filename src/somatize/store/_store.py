@@ -6,22 +6,29 @@ store has, what meta may hold, the hashing on the way in and the verification on
 way out (bytes that do not hash to their digest are an error, never data), and the
 codecs for ``keep``/``recall``. Underneath, a backend only moves bytes (see
 ``somatize.store.backend``); its ``OSError``s come out of here as ``StoreError``.
+Whatever the bytes say, reading them raises nothing but somatize's own errors: bytes
+that hash right but do not decode are ``CorruptObject``, naming the object.
 
 A name is ``/``-separated parts, like a relative path. Refused: an empty name or
 part, a leading ``/``, a part that is ``.`` or ``..``, a backslash, a control
-character, a lone surrogate (the name has to be UTF-8), more than 1000 bytes of UTF-8 (so that a bucket can hold it as a key).
+character, a lone surrogate (the name has to be UTF-8), more than 1000 bytes of UTF-8
+(so that a bucket can hold it as a key).
 
 A name's record is a small JSON document, ``{"digest", "meta", "when"}``; meta is
 JSON data with str keys, kept in the order given, so that what comes back is equal
-to what went in (tuples, sets and other objects are refused, not converted).
+to what went in (tuples, sets and other objects are refused, not converted). A record
+that cannot be read makes ``resolve`` of its name fail, and is left out of ``bound``
+with a warning, so one bad file does not hide every other name.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +36,7 @@ from .._codec import MAGIC, dumps, loads
 from .._errors import BadName, CorruptObject, StoreError
 from .._optional import optional
 from .backend import Backend
-from .local import DirectoryBackend
+from .local import DirectoryBackend, translated
 
 __all__ = ["Bound", "Store", "check_name"]
 
@@ -39,6 +46,7 @@ _DIGEST = re.compile(r"sha256:[0-9a-f]{64}").fullmatch  # fullmatch: "$" would l
 _BAD = r"\x00-\x1f\x7f\\/\ud800-\udfff"
 _NAME = re.compile(rf"[^{_BAD}]+(?:/[^{_BAD}]+)*").fullmatch
 _decode = json.JSONDecoder().decode
+_finite = math.isfinite
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,26 +226,15 @@ class Store:
         kept once."""
         view = _view(data)
         hexdigest = hashlib.sha256(view).hexdigest()
-        backend = self._backend
-        try:
-            if not backend.has_object(hexdigest):
-                backend.write_object(hexdigest, view)
-        except StoreError:
-            raise
-        except OSError as exc:
-            raise self._failed(f"put {view.nbytes} bytes as sha256:{hexdigest}", exc) from exc
+        translated(self._backend.where, "put {2.nbytes} bytes as sha256:{1}", _keep,
+                   self._backend, hexdigest, view, writing=True)
         return "sha256:" + hexdigest
 
     def get(self, digest: str) -> bytes | None:
         """The bytes kept under ``digest``, checked against it; None if there are none."""
         hexdigest = _hex(digest)
         backend = self._backend
-        try:
-            data = backend.read_object(hexdigest)
-        except StoreError:
-            raise
-        except OSError as exc:
-            raise self._failed(f"read {digest}", exc) from exc
+        data = translated(backend.where, "read sha256:{0}", backend.read_object, hexdigest)
         if data is None:
             return None
         actual = hashlib.sha256(data).hexdigest()
@@ -254,50 +251,48 @@ class Store:
     def bind(self, name: str, digest: str, meta: dict[str, Any] | None = None) -> None:
         """Points ``name`` at the object ``digest``, replacing what it pointed at before."""
         record = self._record(check_name(name), digest, _check_meta(meta))
-        try:
-            self._backend.write_name(name, record)
-        except StoreError:
-            raise
-        except OSError as exc:
-            raise self._failed(f"bind {name!r} to {digest}", exc) from exc
+        translated(self._backend.where, "bind {0!r}", self._backend.write_name, name, record,
+                   writing=True)
 
     def claim(self, name: str, digest: str, meta: dict[str, Any] | None = None) -> bool:
         """Points ``name`` at ``digest`` only if nobody has bound it yet; True if this
         call did. Of any number of processes claiming one name, exactly one wins."""
         record = self._record(check_name(name), digest, _check_meta(meta))
-        try:
-            return self._backend.claim_name(name, record)
-        except StoreError:
-            raise
-        except OSError as exc:
-            raise self._failed(f"claim {name!r} for {digest}", exc) from exc
+        return translated(self._backend.where, "claim {0!r}", self._backend.claim_name, name,
+                          record, writing=True)
 
     def resolve(self, name: str) -> Bound | None:
         """What ``name`` is bound to, or None if it is not bound."""
         check_name(name)
-        try:
-            record = self._backend.read_name(name)
-        except StoreError:
-            raise
-        except OSError as exc:
-            raise self._failed(f"read the name {name!r}", exc) from exc
+        record = translated(self._backend.where, "read the name {0!r}",
+                            self._backend.read_name, name)
         return None if record is None else self._bound(name, record)
 
     def bound(self, prefix: str | None = None) -> list[Bound]:
         """Every name bound, sorted by name; with ``prefix``, only that name and the
-        names below it (``"run/a"`` reaches ``"run/a/0"``, not ``"run/ab/0"``)."""
+        names below it (``"run/a"`` reaches ``"run/a/0"``, not ``"run/ab/0"``).
+
+        A record that cannot be read is left out, and one ``UserWarning`` names every
+        such record and how to mend it."""
         if prefix is not None:
             check_name(prefix, "prefix")
             below = prefix + "/"
-        try:
-            found = [self._bound(name, record)
-                     for name, record in self._backend.list_names(prefix)
-                     if _well_formed(name)
-                     and (prefix is None or name == prefix or name.startswith(below))]
-        except StoreError:
-            raise
-        except OSError as exc:
-            raise self._failed("list the names", exc) from exc
+        listed = translated(self.where, "list the names", self._backend.list_names, prefix)
+        found, unreadable = [], []
+        for name, record in listed:
+            if prefix is not None and name != prefix and not name.startswith(below):
+                continue
+            if isinstance(record, BaseException):  # there, but the backend could not read it
+                unreadable.append(f"{_show(name)} ({_reason(record)})")
+            elif _well_formed(name):
+                bound = _parsed(name, record)
+                if bound is None:
+                    unreadable.append(f"{_show(name)} (not a name's record: "
+                                      f"{bytes(record[:60])!r})")
+                else:
+                    found.append(bound)
+        if unreadable:
+            warnings.warn(_left_out(self.where, unreadable), UserWarning, stacklevel=2)
         found.sort(key=lambda bound: bound.name)
         return found
 
@@ -328,18 +323,14 @@ class Store:
                 f"{_show(name)} is bound to {bound.digest}, which is not a kept value (it "
                 "was put as raw bytes); read it with get(resolve(name).digest)"
             )
-        return loads(blob)
+        return loads(blob, f"the object {bound.digest} bound to {_show(name)} in {self.where}")
 
     # -- inside
 
     def _record(self, name: str, digest: Any, meta: dict[str, Any]) -> bytes:
         hexdigest = _hex(digest)
-        try:
-            present = self._backend.has_object(hexdigest)
-        except StoreError:
-            raise
-        except OSError as exc:
-            raise self._failed(f"look for {digest}", exc) from exc
+        present = translated(self.where, "look for sha256:{0}", self._backend.has_object,
+                             hexdigest)
         if not present:
             raise StoreError(
                 f"cannot bind {_show(name)} to {digest}: {self.where} does not have that "
@@ -349,22 +340,64 @@ class Store:
         return json.dumps(document, separators=(",", ":"), allow_nan=True).encode()
 
     def _bound(self, name: str, record: bytes) -> Bound:
-        try:
-            document = _decode(record.decode())
-            digest, meta, when = document["digest"], document["meta"], document["when"]
-            readable = (type(digest) is str and _DIGEST(digest) is not None
-                        and type(meta) is dict and type(when) in (int, float))
-        except (ValueError, LookupError, TypeError, AttributeError):
-            readable = False
-        if not readable:
-            raise StoreError(
-                f"the record of {_show(name)} in {self.where} cannot be read "
-                f"({bytes(record[:60])!r}); bind the name again"
-            )
-        return Bound(name, digest, meta, float(when))
+        bound = _parsed(name, record)
+        if bound is None:
+            raise CorruptObject(
+                f"the record of {_show(name)} in {self.where} cannot be read (not a name's "
+                f"record: {bytes(record[:60])!r}); bind the name again")
+        return bound
 
-    def _failed(self, action: str, exc: OSError) -> StoreError:
-        reason = exc.strerror or str(exc) or type(exc).__name__
-        return StoreError(f"could not {action} in {self.where}: {reason}; check that it is "
-                          "reachable, writable and not full")
+
+def _parsed(name: str, record: bytes) -> Bound | None:
+    """What a name record says, or None if it is not one."""
+    try:
+        document = _decode(record.decode())
+        digest, meta, when = document["digest"], document["meta"], float(document["when"])
+    except (ValueError, LookupError, TypeError, AttributeError, RecursionError,
+            OverflowError):
+        return None
+    # float() also takes a str or a bool, which a record never holds
+    if type(digest) is str and _DIGEST(digest) and type(meta) is dict and \
+            type(document["when"]) in (int, float) and _finite(when):
+        return Bound(name, digest, meta, when)
+    return None
+
+
+def _keep(backend: Backend, hexdigest: str, view: memoryview) -> None:
+    """Writes an object unless the very bytes are kept already. What is there is
+    compared, not trusted: a corrupt object is healed by putting the right bytes."""
+    holds = getattr(backend, "holds", None)
+    if holds is not None:
+        kept = holds(hexdigest, view)
+    else:
+        kept = _same(backend.read_object(hexdigest), view, hexdigest)
+    if not kept:
+        backend.write_object(hexdigest, view)
+
+
+def _same(kept: bytes | None, view: memoryview, hexdigest: str) -> bool:
+    """Whether the bytes kept are the ones being put: compared where they lie when they
+    can be (bytes against bytes is a memcmp), else hashed."""
+    if kept is None or len(kept) != view.nbytes:
+        return False
+    whole = view.obj
+    if type(whole) in (bytes, bytearray) and len(whole) == view.nbytes:
+        return kept == whole
+    return hashlib.sha256(kept).hexdigest() == hexdigest
+
+
+def _reason(error: BaseException) -> str:
+    if isinstance(error, StoreError):
+        return str(error)
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
+    return f"{type(error).__name__}: {error}"
+
+
+def _left_out(where: str, unreadable: list[str]) -> str:
+    count = len(unreadable)
+    shown = "; ".join(unreadable[:20]) + (f"; and {count - 20} more" if count > 20 else "")
+    return (f"{count} name record{'s' if count > 1 else ''} in {where} cannot be read and "
+            f"{'are' if count > 1 else 'is'} left out of this listing: {shown}. Bind each "
+            "such name again (or remove its record) to mend it; the other names are listed")
 

@@ -6,8 +6,15 @@ digest and never judges bytes. What it owes in return is atomicity: a reader see
 whole object or name record or none at all, never part of one, and ``claim_name``
 succeeds for exactly one caller across every process and machine sharing the place.
 
+A backend may also offer ``holds(hexdigest, data: memoryview) -> bool``: whether the
+object kept under the digest is exactly ``data``, which ``put`` asks before it decides
+not to write. Without it the Store reads the object back whole and compares; with it a
+backend can compare a piece at a time (the directory does) or ask its server (the
+bucket compares the ETag), so that putting a large object twice needs no second copy.
+
 I/O failures are raised as ``OSError`` (or ``StoreError``); the Store names the
-operation and turns them into ``StoreError`` for its caller. A backend must pickle,
+operation and turns them into ``StoreError`` for its caller (one that a lack of
+permission made says the store is read-only). A backend must pickle,
 so that a Store can be handed to another process and open the same place there.
 """
 
@@ -41,8 +48,10 @@ class Backend(Protocol):
     def write_object(self, hexdigest: str, data: memoryview) -> None:
         """Keeps ``data`` under its digest, all at once or not at all.
 
-        The Store calls this only after ``has_object`` said no, but a concurrent writer
-        may have won meanwhile; replacing an object with the same bytes must be harmless.
+        The Store calls this only after ``read_object`` found nothing there, or bytes
+        that are not these (a corrupt object, which this replaces); a concurrent writer
+        may have won meanwhile, and replacing an object with the same bytes must be
+        harmless.
         """
         ...
 
@@ -62,10 +71,12 @@ class Backend(Protocol):
         """
         ...
 
-    def list_names(self, prefix: str | None) -> Iterable[tuple[str, bytes]]:
+    def list_names(self, prefix: str | None) -> Iterable[tuple[str, bytes | OSError]]:
         """Every ``(name, record)`` bound, in any order.
 
         With a prefix, only the name equal to it and the names below it
-        (``prefix + "/" + ...``); ``"run/a"`` does not reach ``"run/ab"``.
+        (``prefix + "/" + ...``); ``"run/a"`` does not reach ``"run/ab"``. A record that
+        is there but cannot be read may come as the ``OSError`` saying why, in place of
+        its bytes, so that the Store can list every other name.
         """
         ...

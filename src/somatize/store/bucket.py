@@ -13,6 +13,9 @@ replaces an object whole, so readers never see half of one. ``claim_name`` is a 
 with ``If-None-Match: *``: the server lets exactly one through and answers the others
 412. An endpoint that ignores the header would let everybody through and nobody would
 notice, which is why ``BucketBackend.opened`` writes one key twice before answering.
+Credentials that may read but not write (the server answers that probe 403
+AccessDenied) open the store read-only: reading works, and every write is refused,
+saying so, without asking the server.
 
 boto3 is imported here and nowhere else, so the core runs without it. The client is
 made on first use, so the backend pickles as its address (and the key and secret, if
@@ -22,6 +25,7 @@ wherever it is unpickled) and reconnects in the process that unpickled it.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import secrets
@@ -57,6 +61,7 @@ _ATTEMPTS = 8  # botocore's standard mode: backoff on 5xx, throttling and droppe
 _CONFLICTS = 10  # 409s in a row on one claim before it is reported
 _READERS = 16  # records fetched at once by a listing
 _BUCKET = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{1,253}[A-Za-z0-9]").fullmatch
+_MD5 = re.compile(r"[0-9a-f]{32}").fullmatch
 _SHARED: dict[str, Any] = {}  # one boto3 session per process: a client costs ms, not 0.1 s
 _SHARING = threading.Lock()
 _DENIED = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403",
@@ -88,6 +93,15 @@ class _Taken(Exception):
 
 class _Conflict(Exception):
     """Another conditional write to the key was in flight (409); worth asking again."""
+
+
+class _Denied(StoreError):
+    """The server refused these credentials the request (403 and its kin); ``code`` says
+    how."""
+
+    def __init__(self, message: str, code: str):
+        super().__init__(message)
+        self.code = code
 
 
 class BucketBackend:
@@ -127,6 +141,7 @@ class BucketBackend:
         self.where = f"{place}/{self.prefix}" if self.prefix else place
         self._client: Any = None
         self._lock = threading.Lock()
+        self._read_only: str | None = None  # what the server said to the probe's write
 
     @classmethod
     def opened(cls, endpoint: str, bucket: str, **how: Any) -> BucketBackend:
@@ -164,7 +179,27 @@ class BucketBackend:
     def read_object(self, hexdigest: str) -> bytes | None:
         return self._read(self._object(hexdigest))
 
+    def holds(self, hexdigest: str, data: memoryview) -> bool:
+        """Whether the object kept under this digest is exactly ``data``, asked of the
+        server: its size, then its ETag, the MD5 of what a plain PUT stored. Where the
+        ETag is no MD5 (a multipart upload), the bytes are fetched and compared; where
+        it is one but not of these bytes (a key encrypted with KMS), the object is
+        written again, which is wasted but never wrong. ``get`` checks the sha256
+        whatever this says."""
+        key = self._object(hexdigest)
+        try:
+            head = self._request("look for", key, "head_object")
+        except _Missing:
+            return False
+        if head.get("ContentLength") != data.nbytes:
+            return False
+        tag = str(head.get("ETag", "")).strip('"')
+        if _MD5(tag):
+            return tag == hashlib.md5(data, usedforsecurity=False).hexdigest()
+        return self._read(key) == data.tobytes()
+
     def write_object(self, hexdigest: str, data: memoryview) -> None:
+        self._writable("write", self._object(hexdigest))
         self._request("write", self._object(hexdigest), "put_object", Body=_bytes(data))
 
     # -- names
@@ -173,12 +208,16 @@ class BucketBackend:
         return self._read(self._name(name))
 
     def write_name(self, name: str, record: bytes) -> None:
+        self._writable("bind", self._name(name))
         self._request("bind", self._name(name), "put_object", Body=record)
 
     def claim_name(self, name: str, record: bytes) -> bool:
+        self._writable("claim", self._name(name))
         return self._put_if_absent("claim", self._name(name), record)
 
-    def list_names(self, prefix: str | None) -> list[tuple[str, bytes]]:
+    def list_names(self, prefix: str | None) -> list[tuple[str, bytes | StoreError]]:
+        """Every record under names/; one these credentials may not read comes as the
+        ``StoreError`` that says so, in place of its bytes."""
         start = self._base + "names/"
         keys = self._keys(start if prefix is None else f"{start}{prefix}/")
         if prefix is not None:
@@ -187,7 +226,7 @@ class BucketBackend:
             records = [self._read(key) for key in keys]
         else:
             with ThreadPoolExecutor(min(_READERS, len(keys))) as pool:
-                records = list(pool.map(self._read, keys))  # None: unbound since listed
+                records = list(pool.map(self._read_listed, keys))  # None: unbound since listed
         skip = len(start)
         return [(key[skip:], record) for key, record in zip(keys, records) if record is not None]
 
@@ -204,7 +243,14 @@ class BucketBackend:
         key = f"{self._base}tmp/probe-{os.getpid()}-{secrets.token_hex(8)}"
         client = self._connect(attempts=2)
         try:
-            if not self._put_if_absent("write a probe", key, b"first", client):
+            try:
+                first = self._put_if_absent("write a probe", key, b"first", client)
+            except _Denied as denied:
+                if denied.code not in ("AccessDenied", "403"):
+                    raise  # credentials the server does not know at all
+                self._read_only = str(denied)
+                return
+            if not first:
                 raise StoreError(
                     f"{self.endpoint} refused a conditional write to {key!r}, a key nobody "
                     f"could have written, in bucket {self.bucket!r}; it does not handle "
@@ -244,6 +290,23 @@ class BucketBackend:
             return self._request("read", key, "get_object", body=True, client=client)
         except _Missing:
             return None
+
+    def _read_listed(self, key: str) -> bytes | StoreError | None:
+        try:
+            return self._read(key)
+        except _Denied as denied:
+            if denied.code not in ("AccessDenied", "403"):
+                raise
+            return denied
+
+    def _writable(self, action: str, key: str) -> None:
+        if self._read_only is not None:
+            raise StoreError(
+                f"cannot {action} {key!r}: the store at {self.where} is read-only with these "
+                f"credentials, since the server refused the write asked of it when the store "
+                f"was opened ({self._read_only}); reading it works — to write, pass key= and "
+                f"secret= (or set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY) for a key that "
+                f"may write bucket {self.bucket!r}")
 
     def _discard(self, key: str, client: Any) -> None:
         try:
@@ -333,12 +396,12 @@ class BucketBackend:
                 f"{self.endpoint}), or name one that exists"
             )
         if code in _DENIED:
-            return StoreError(
+            return _Denied(
                 f"{self.endpoint} refused to let us {action} {key!r} in bucket "
                 f"{self.bucket!r}: {said}; pass key= and secret= (or set "
                 "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY) for a key that may list, read "
-                "and write that bucket (without list, S3 answers 403 for a missing key)"
-            )
+                "and write that bucket (without list, S3 answers 403 for a missing key)",
+                code)
         return StoreError(f"{self.endpoint} answered {said} when asked to {action} {key!r} "
                           f"in bucket {self.bucket!r}")
 

@@ -13,13 +13,16 @@ are handed on; any other tensor is copied once, straight from wherever it is (a 
 included) into the blob. Reading a writable buffer (what the wire receives into)
 makes a tensor over that buffer; reading bytes copies once.
 Quantized, sparse and meta tensors are refused: they are not a dtype and a block of
-values.
+values. Bytes that are not such a blob are a ``CorruptObject`` whatever they hold, and
+are checked before torch is asked to make anything of them; only a dtype this torch
+does not know is an ``UnwritableError``, since the bytes may well be right.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import struct
 from typing import Any
 
@@ -32,6 +35,8 @@ __all__ = ["KIND", "dump", "load", "pieces", "register"]
 KIND = "torch.Tensor"
 
 _LENGTH = struct.Struct("<Q")
+_LARGEST = 2**63 - 1  # torch's sizes and strides are int64
+_LABEL = re.compile(r"[A-Za-z0-9_]{1,40}").fullmatch  # what could be a dtype's name
 # 16 rather than safetensors' 8, so the widest dtype (complex128) can be viewed in place.
 _ALIGN = 16
 
@@ -163,10 +168,14 @@ def _header(blob: Any) -> tuple[torch.dtype, list[int], int, int]:
     try:
         entry = json.loads(bytes(view[_LENGTH.size:start]))["t"]
         label, shape, (first, last) = entry["dtype"], entry["shape"], entry["data_offsets"]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise _corrupt(f"its header cannot be read ({exc})") from None
-    if not (isinstance(shape, list) and all(type(n) is int and n >= 0 for n in shape)):
+    except (ValueError, LookupError, TypeError, RecursionError) as exc:
+        raise _corrupt(f"its header cannot be read ({type(exc).__name__}: {exc})") from None
+    if not (type(shape) is list and all(type(n) is int and n >= 0 for n in shape)):
         raise _corrupt(f"its shape {shape!r} is not a list of sizes")
+    if math.prod(max(n, 1) for n in shape) > _LARGEST:
+        raise _corrupt(f"its shape {shape!r} is larger than any tensor can be")
+    if type(label) is not str or not _LABEL(label):
+        raise _corrupt(f"its dtype {label!r} is not a dtype's name")
     dtype = _READ.get(label)
     if dtype is None:
         raise UnwritableError(
@@ -174,7 +183,8 @@ def _header(blob: Any) -> tuple[torch.dtype, list[int], int, int]:
             f"({torch.__version__}) cannot hold; read it with the torch that wrote it"
         )
     size = math.prod(shape) * dtype.itemsize
-    if (first, last) != (0, size) or view.nbytes - start != size:
+    if type(first) is not int or type(last) is not int or (first, last) != (0, size) \
+            or view.nbytes - start != size:
         raise _corrupt(f"a {label} tensor of shape {shape} is {size} bytes, and this one "
                        f"has {view.nbytes - start} (offsets {first}..{last})")
     return dtype, shape, start, size

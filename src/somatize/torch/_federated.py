@@ -14,23 +14,37 @@ client's part and the average are both claimed rather than bound, so a round's i
 never change once written and its answer never changes once given — which is what
 makes a restarted client get the same answer, and what makes it safe for a successor
 to average again when the first averager died between its claim and its write.
+
+Whoever may write the store decides what the clients get: a part or an average is
+only a name, and anybody who can bind names can plant one. With ``secret=``, every
+part and every average carries in its meta a MAC of its name, its digest and the rest
+of its meta, keyed by the secret (through scrypt, so that a weak one is slow to
+guess); a client refuses a part or an average whose MAC is missing or wrong, naming
+it. A writer without the secret can then stall a round (delete names, claim them
+first) but cannot choose its answer. The object's bytes are tied to its digest by the
+store, and parts are read by the digest that was checked, never by name again.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
+import hashlib
+import hmac
+import json
 import math
 import os
 import socket
 import time
+import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from numbers import Real
 from typing import Any
 
 import torch
 
-from .._codec import dumps
-from .._errors import BadName, DeclarationError
+from .._codec import dumps, loads
+from .._errors import BadName, DeclarationError, StoreError
 from ..store import Bound, Store
 from ..store._store import check_name
 
@@ -255,7 +269,8 @@ class _Turns:
 
 def gather(store: Store, what: Mapping[str, Mapping[str, Any]], *, run: str, round: int,
            clients: int, mine: int, size: float | None = None, within: float = 600.0,
-           asking: float = 1.0, lease: float | None = None) -> Export:
+           asking: float = 1.0, lease: float | None = None,
+           secret: str | bytes | None = None) -> Export:
     """Keeps this client's export for the round, waits for the other clients', and
     answers the round's average, which every client gets bit for bit the same.
 
@@ -271,42 +286,122 @@ def gather(store: Store, what: Mapping[str, Mapping[str, Any]], *, run: str, rou
     averager that is quiet for ``lease`` seconds (default ``max(5 * asking, 10)``) is
     taken over by the next client to notice, so a crash between claiming the
     averaging and writing it costs a lease, not the round.
+
+    ``secret`` (a str or bytes every client of the run is given; ``secrets.token_urlsafe
+    (32)`` makes a good one) signs this client's part and the average it may write,
+    and makes it refuse, with a ``StoreError`` naming the name, any part or average
+    that is not signed with it: a writer of the store who lacks the secret cannot
+    choose what the round answers.
     """
     lease = _checked(store, what, run, round, clients, mine, size, within, asking, lease)
+    key = None if secret is None else _key(_secret(secret), run)
     names = _Round(run, round)
     deadline = time.monotonic() + within
-    answer = store.recall(names.average)
+    answer = _answer(store, names, key)
     if answer is not None:
         return answer
     written = dumps(what)  # first: what has no codec is refused before anything is put
     who = f"{socket.gethostname()}/{os.getpid()}"
     me = (store.put(who.encode()), {"client": mine, "by": who})
-    store.claim(names.client(mine), store.put(written),
-                {"client": mine, "clients": clients, "size": size, "by": who})
+    part = store.put(written)
+    store.claim(names.client(mine), part, _signed(key, names.client(mine), part, {
+        "client": mine, "clients": clients, "size": size, "by": who}))
     seen: dict[int, Bound] = {}
     turns = _Turns()
     while True:
-        answer = store.recall(names.average)
+        answer = _answer(store, names, key)
         if answer is not None:
             return answer
-        _look(store, names, clients, seen)
+        _look(store, names, clients, seen, key)
         if len(seen) == clients:
             sizes = _agreed(seen, clients, run, round)
             if turns.take(store, names, lease, me):
-                return _average(store, names, clients, sizes, who, turns.turn)
+                return _average(store, names, seen, sizes, who, turns.turn, key)
         left = deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError(_late(store, names, run, round, clients, seen, turns, within))
         time.sleep(min(asking, left))
 
 
-def _look(store: Store, names: _Round, clients: int, seen: dict[int, Bound]) -> None:
-    """Adds the clients whose part is now kept; once kept, a part never changes."""
+def _look(store: Store, names: _Round, clients: int, seen: dict[int, Bound],
+          key: bytes | None) -> None:
+    """Adds the clients whose part is now kept; once kept (and checked), a part is
+    read by that digest, whatever the name is bound to later."""
     for k in range(clients):
         if k not in seen:
             bound = store.resolve(names.client(k))
             if bound is not None:
-                seen[k] = bound
+                seen[k] = _checked_mac(store, bound, key)
+
+
+def _answer(store: Store, names: _Round, key: bytes | None) -> Export | None:
+    """The round's average if it is written (and, with a key, signed with it)."""
+    bound = store.resolve(names.average)
+    return None if bound is None else _value(store, _checked_mac(store, bound, key))
+
+
+def _value(store: Store, bound: Bound) -> Any:
+    blob = store.get(bound.digest)
+    if blob is None:
+        raise StoreError(f"{bound.name} is bound to {bound.digest}, which {store.where} does "
+                         "not have; the round cannot be read — remove the name and run it again")
+    return loads(blob, f"the object {bound.digest} bound to {bound.name!r} in {store.where}")
+
+
+# -- the secret ----------------------------------------------------------------------------
+_SHORT = 16  # bytes: a secret shorter than this can be guessed from the MACs in the store
+
+
+def _secret(secret: Any) -> bytes:
+    if isinstance(secret, str):
+        secret = secret.encode()
+    if not isinstance(secret, bytes):
+        raise TypeError(f"secret= is a str or bytes that every client is given, not a "
+                        f"{type(secret).__qualname__}")
+    if not secret:
+        raise ValueError("secret= is empty; give every client the same long random secret "
+                         "(python -c 'import secrets; print(secrets.token_urlsafe(32))'), "
+                         "or None to sign nothing")
+    if len(secret) < _SHORT:
+        warnings.warn(f"secret= is {len(secret)} bytes; anybody who can read the store can "
+                      "try guesses against the MACs kept there, so use one of 32 random bytes "
+                      "or more (secrets.token_urlsafe(32))", UserWarning, stacklevel=3)
+    return secret
+
+
+@functools.lru_cache(maxsize=8)
+def _key(secret: bytes, run: str) -> bytes:
+    """The MAC key of a run: scrypt, so each guess at a secret costs tens of ms."""
+    return hashlib.scrypt(secret, salt=f"somatize federated {run}".encode(), n=2**14, r=8,
+                          p=1, dklen=32)
+
+
+def _mac(key: bytes, name: str, digest: str, meta: Mapping[str, Any]) -> str:
+    signed = {k: v for k, v in meta.items() if k != "mac"}
+    text = json.dumps([name, digest, signed], sort_keys=True, separators=(",", ":"))
+    return hmac.new(key, text.encode(), hashlib.sha256).hexdigest()
+
+
+def _signed(key: bytes | None, name: str, digest: str, meta: dict[str, Any]) -> dict[str, Any]:
+    if key is not None:
+        meta["mac"] = _mac(key, name, digest, meta)
+    return meta
+
+
+def _checked_mac(store: Store, bound: Bound, key: bytes | None) -> Bound:
+    """``bound`` itself, once its MAC is the one ``key`` makes; refused, naming it, if not."""
+    if key is None:
+        return bound
+    said = bound.meta.get("mac")
+    if type(said) is str and hmac.compare_digest(said, _mac(key, bound.name, bound.digest,
+                                                            bound.meta)):
+        return bound
+    how = "carries no MAC" if said is None else "carries a MAC this secret does not make"
+    raise StoreError(
+        f"{bound.name} in {store.where} {how}: whoever wrote it (it says {bound.meta.get('by')!r}) "
+        "does not hold this round's secret=, so it is refused. If every client was given "
+        "the same secret, somebody who may write the store planted it: find out who, "
+        "remove the name, and run the round again")
 
 
 def _agreed(seen: dict[int, Bound], clients: int, run: str, round: int) -> list[float] | None:
@@ -328,21 +423,21 @@ def _agreed(seen: dict[int, Bound], clients: int, run: str, round: int) -> list[
         "did; give every client its size, or none of them, so the round can be weighed")
 
 
-def _average(store: Store, names: _Round, clients: int, sizes: list[float] | None,
-             who: str, turn: int) -> Export:
+def _average(store: Store, names: _Round, seen: dict[int, Bound], sizes: list[float] | None,
+             who: str, turn: int, key: bytes | None) -> Export:
     """Averages the round, one part in memory at a time, and writes it unless somebody
     already has; answers what was written first."""
 
     def parts() -> Iterator[Any]:
-        for k in range(clients):
-            yield store.recall(names.client(k))
+        for k in range(len(seen)):
+            yield _value(store, seen[k])
 
     average = fedavg(parts(), sizes)
     digest = store.put(dumps(average))
-    meta = {"clients": clients, "sizes": sizes, "by": who, "turn": turn}
-    if store.claim(names.average, digest, meta):
+    meta = {"clients": len(seen), "sizes": sizes, "by": who, "turn": turn}
+    if store.claim(names.average, digest, _signed(key, names.average, digest, meta)):
         return average
-    return store.recall(names.average)  # a predecessor woke up and finished first
+    return _answer(store, names, key)  # a predecessor woke up and finished first
 
 
 def _late(store: Store, names: _Round, run: str, round: int, clients: int,
