@@ -38,8 +38,10 @@ from .._errors import (
 from .._graph import Graph, describe
 from .._node import Opaque
 from .._remember import changing_above, open_store
+from ..store._store import check_name
 from .._slices import backend_of
 from ._audit import audit_for
+from ._checkpoint import Run, keep, kept_by, seed_all, take_up
 from ._learning import Learning
 from ._staged import StagedDriver
 from ._tensors import tensors_in
@@ -133,6 +135,7 @@ class Trainer:
         self._taken = 0  # steps in the group that is open; 0 means none is
         self._described = False  # whether the watchers were told what the graph is
         self._steps = 0  # steps taken, over the Trainer's life
+        self._skip = 0  # steps a resumed run took already, which fit() walks past
         self._checked = False
         self._audit = audit
         if audit is not None and self._staged is not None:
@@ -199,15 +202,23 @@ class Trainer:
         self._close()
         return True
 
-    def fit(self, data: Iterable[Any], epochs: int = 1) -> Result:
+    def fit(self, data: Iterable[Any], epochs: int = 1, *, checkpoint: Any = None,
+            checkpoint_every: int | None = None) -> Result:
         """One step per batch of ``data``, for ``epochs`` passes, then ``update()``.
 
         ``data`` is walked once per epoch, so with more than one it has to be walkable
         again: an iterator (a generator) is refused before the first step, because its
         second epoch would silently be empty. Shows a progress bar with the loss on a
         terminal or in a notebook, and nothing otherwise.
+
+        ``checkpoint=(store, name)`` keeps a checkpoint under ``name`` every
+        ``checkpoint_every`` steps and at the end. After ``resume``, the steps already
+        taken are skipped by position (whole epochs without walking them), so the same
+        call goes on where the run stopped; ``data`` must give the same batches in the
+        same order again.
         """
         epochs = whole_number(epochs, "epochs", of="fit()")
+        keeping = kept_by(checkpoint, checkpoint_every)
         try:
             walked = iter(data)
         except TypeError:
@@ -221,19 +232,73 @@ class Trainer:
                 "epoch with a fresh one"
             )
         history: list[float] = []
+        length = _length(data, 1)
         bar = _progress(_length(data, epochs))
+        skipped, kept_at = 0, None
         try:
             for epoch in range(epochs):
-                for batch in (walked if epoch == 0 else data):
-                    history.append(self.step(batch))
+                if length is not None and self._skip >= length > 0:  # a whole epoch done
+                    self._skip, skipped = self._skip - length, skipped + length
                     if bar is not None:
-                        bar.set_postfix(loss=f"{history[-1]:.4g}", refresh=False)
+                        bar.update(length)
+                    continue
+                for batch in (walked if epoch == 0 else data):
+                    if self._skip:
+                        self._skip, skipped = self._skip - 1, skipped + 1
+                    else:
+                        history.append(self.step(batch))
+                        if keeping is not None and keeping[2] and self._steps % keeping[2] == 0:
+                            self.checkpoint(keeping[0], keeping[1])
+                            kept_at = self._steps
+                    if bar is not None:
+                        if history:
+                            bar.set_postfix(loss=f"{history[-1]:.4g}", refresh=False)
                         bar.update()
-            self.update()
+            if history or not skipped:  # a run that was all skipped ended before
+                updated = self.update()
+                if keeping is not None and (updated or kept_at != self._steps):
+                    self.checkpoint(keeping[0], keeping[1])
         finally:
             if bar is not None:
                 bar.close()
         return Result(history)
+
+    # -- a run kept, and taken up again -------------------------------------------------
+    def checkpoint(self, store: Any, name: str) -> str:
+        """Keeps everything this run needs to go on as if nothing happened under
+        ``name`` in ``store``, and answers its digest: every node's weights (those
+        trained on a worker asked there), the optimizers' state (this one's and each
+        trainer's, wherever it runs), the steps taken and where the open group stands,
+        and the random state of every machine. Whole or absent: the name is bound last.
+        """
+        return keep(open_store(store), check_name(name), self._run())
+
+    def resume(self, store: Any, name: str) -> int:
+        """Takes up the checkpoint kept under ``name``, here and on every worker, and
+        answers the steps it had taken; the next ``fit`` skips that many batches.
+
+        All or nothing: every part is read and checked, here and by each trainer where
+        it runs, before anything is copied. A checkpoint of another graph, another
+        optimizer layout or another set of trained nodes is refused, naming the
+        difference, and leaves this run as it was."""
+        counters = take_up(open_store(store), check_name(name), self._run())
+        self._steps, self._taken = counters["steps"], counters["taken"]
+        if counters["checked"]:  # the first update's checks were made in the kept run
+            self._checked, self._unheld = True, {}
+        self._skip = self._steps
+        return self._steps
+
+    def seed(self, seed: int) -> None:
+        """Seeds torch, Python's ``random`` and numpy here and on every host of the
+        graph (each its own seed, drawn from ``seed``): a worker's process starts from
+        a random state of its own, so a run with dropout there repeats only once it is
+        seeded."""
+        seed_all(self._run(), whole_number(seed, "seed", of="Trainer.seed()", least=0))
+
+    def _run(self) -> Run:
+        return Run(self._graph, self._optimizer, self._staged,
+                   {"steps": self._steps, "taken": self._taken, "every": self._every,
+                    "micro": self._micro, "checked": self._checked})
 
     # -- the four movements -------------------------------------------------------------
     def _open(self) -> None:

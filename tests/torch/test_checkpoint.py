@@ -1,0 +1,239 @@
+"""Checkpoints (somatize.torch._checkpoint): a run killed mid-way and taken up in a fresh
+process ends bit for bit where the run never interrupted ends; refusals change nothing."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from resumable import trained
+from trainnets import batches, graph
+
+from somatize import CorruptObject, DeclarationError, Graph, StoreError
+from somatize.store import DirectoryBackend, Store
+from somatize.torch import Split, Trainer, parameters
+
+HERE = Path(__file__).parent
+
+
+def _script(*args):
+    """The run, started in a fresh process (finish it with ``.communicate()``)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), *sys.path]))
+    return subprocess.Popen([sys.executable, str(HERE / "resumable.py"), *map(str, args)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _ended(proc):
+    _, err = proc.communicate(timeout=120)
+    return proc.returncode, err
+
+
+@pytest.mark.parametrize("mode", ["local", "split"])
+def test_a_run_killed_at_step_25_resumes_bit_for_bit(tmp_path, mode):
+    killed = _script(tmp_path / "run", tmp_path / "never.pt", mode, "--kill-at", 25)
+    trained(tmp_path / "whole", tmp_path / "whole.pt", mode)  # meanwhile, never interrupted
+    code, err = _ended(killed)
+    assert code == -9, err  # SIGKILL: nothing was tidied up
+    assert not (tmp_path / "never.pt").exists()
+    again = _script(tmp_path / "run", tmp_path / "again.pt", mode, "--resume")
+    code, err = _ended(again)
+    assert code == 0, err
+    ref, got = torch.load(tmp_path / "whole.pt"), torch.load(tmp_path / "again.pt")
+    assert got["resumed_at"] == 20  # the last checkpoint before the kill
+    assert got["losses"] == ref["losses"][20:]  # steps 21..40, each the same loss
+    assert ref["weights"].keys() == got["weights"].keys() == {"encoder", "body", "head"}
+    for node, kept in ref["weights"].items():
+        for key, value in kept.items():
+            assert torch.equal(value, got["weights"][node][key]), (node, key)
+
+
+def adam_trainer(seed=0, lr=1e-2, **options):
+    g, body, head = graph(seed=seed)
+    return Trainer(g, objective=F.mse_loss,
+                   optimizer=torch.optim.Adam(parameters(g), lr=lr), **options), g
+
+
+def everything(t, g):
+    """What a refusal must leave as it was: weights, the optimizer's state, the steps."""
+    state = t._optimizer.state_dict()["state"]
+    return (t.export(), {k: {n: v.clone() if isinstance(v, torch.Tensor) else v
+                             for n, v in s.items()} for k, s in state.items()}, t._steps)
+
+
+def same(a, b):
+    if isinstance(a, torch.Tensor):
+        return torch.equal(a, b)
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def test_resume_in_process_goes_on_as_the_run_that_was_kept(tmp_path):
+    store, data = Store(tmp_path), batches(8)
+    t, g = adam_trainer(every=3)
+    for b in data[:4]:
+        t.step(b)
+    digest = t.checkpoint(store, "ck")  # inside a group: one step of three taken
+    assert store.resolve("ck").digest == digest and store.resolve("ck").meta["steps"] == 4
+    then = [t.step(b) for b in data[4:]]
+    u, h = adam_trainer(seed=5, every=3)  # other weights, to be overwritten
+    assert u.resume(store, "ck") == 4
+    assert [u.step(b) for b in data[4:]] == then
+    assert same(u.export(), t.export())
+
+
+def test_fit_after_resume_skips_what_was_taken_even_across_epochs(tmp_path):
+    store, data = Store(tmp_path), batches(4)
+    t, _ = adam_trainer()
+    whole = t.fit(data, epochs=3)
+    u, _ = adam_trainer()
+    u.fit(data, epochs=2, checkpoint=(store, "ck"))  # 8 steps, kept at the end
+    v, _ = adam_trainer()
+    assert v.resume(store, "ck") == 8
+    rest = v.fit(data, epochs=3)
+    assert rest.history == whole.history[8:]
+    assert same(v.export(), t.export())
+    w, _ = adam_trainer()
+    w.resume(store, "ck")
+    assert w.fit(data, epochs=2).history == []  # every step taken already: none, no update
+    assert w._steps == 8 and same(w.export(), u.export())
+
+
+def test_a_checkpoint_of_another_graph_is_refused_and_changes_nothing(tmp_path):
+    store = Store(tmp_path)
+    t, _ = adam_trainer()
+    t.fit(batches(3))
+    t.checkpoint(store, "ck")
+    torch.manual_seed(0)
+    from trainnets import Body, Head
+
+    other = Graph.somatize(Body().named("body") >> Head().named("top"))
+    u = Trainer(other, objective=F.mse_loss, optimizer=torch.optim.Adam(parameters(other)))
+    u.fit(batches(2))
+    before = everything(u, other)
+    with pytest.raises(DeclarationError, match=r"another set of nodes.*'head'.*'top'"):
+        u.resume(store, "ck")
+    assert same(everything(u, other), before)
+
+
+def test_a_checkpoint_of_another_optimizer_layout_is_refused_and_changes_nothing(tmp_path):
+    store = Store(tmp_path)
+    t, g = adam_trainer()
+    t.fit(batches(3))
+    t.checkpoint(store, "ck")
+    g2, body, head = graph(seed=0)
+    sgd = Trainer(g2, objective=F.mse_loss, optimizer=torch.optim.SGD(parameters(g2), lr=0.1))
+    with pytest.raises(DeclarationError, match="as a Adam, and this run's is a SGD"):
+        sgd.resume(store, "ck")
+    g3, body, head = graph(seed=0)
+    groups = torch.optim.Adam([{"params": body.parameters()}, {"params": head.parameters()}])
+    split = Trainer(g3, objective=F.mse_loss, optimizer=groups)
+    split.fit(batches(2))
+    before = everything(split, g3)
+    with pytest.raises(DeclarationError, match="had 1 parameter group.*has 2 now"):
+        split.resume(store, "ck")
+    assert same(everything(split, g3), before)
+    g4, body, head = graph(seed=0)
+    fewer = Trainer(g4, objective=F.mse_loss, optimizer=torch.optim.Adam(head.parameters()))
+    with pytest.warns(UserWarning):  # the body is trained by nobody: said, not refused
+        fewer.fit(batches(2))
+    before = everything(fewer, g4)
+    with pytest.raises(DeclarationError, match=r"group 0 holds body/net.0.weight.*no more"):
+        fewer.resume(store, "ck")
+    assert same(everything(fewer, g4), before)
+
+
+def test_another_set_of_trained_nodes_is_refused_naming_it(tmp_path):
+    store = Store(tmp_path)
+    g, body, head = graph(seed=0)
+    trains = {"body": Split(torch.optim.Adam, lr=1e-2)}
+    t = Trainer(g, objective=F.mse_loss, trains=trains,
+                optimizer=torch.optim.Adam(parameters(g, without=trains)))
+    t.fit(batches(3))
+    t.checkpoint(store, "ck")
+    u, _ = adam_trainer()
+    with pytest.raises(DeclarationError, match=r"another set of trained nodes.*'body'"):
+        u.resume(store, "ck")
+
+
+def test_a_learning_keeps_and_restores_its_own_state(tmp_path):
+    g, body, head = graph(seed=0)
+    trains = {"body": Split(torch.optim.Adam, lr=1e-2)}
+    t = Trainer(g, objective=F.mse_loss, trains=trains,
+                optimizer=torch.optim.Adam(parameters(g, without=trains)))
+    t.fit(batches(3))
+    state = trains["body"].state()
+    assert state["type"] == "Split" and state["taken"] == 0
+    assert state["optimizer"]["type"] == "Adam" and len(state["optimizer"]["state"]) == 4
+    kept = {k: v["exp_avg"].clone() for k, v in state["optimizer"]["state"].items()}
+    t.fit(batches(2, seed=3))  # moves on; restoring brings the moments back
+    trains["body"].restore(state)
+    now = trains["body"].state()["optimizer"]["state"]
+    assert all(torch.equal(now[k]["exp_avg"], kept[k]) for k in kept)
+    sgd = Split(torch.optim.SGD, lr=0.1).of(body)
+    with pytest.raises(DeclarationError, match="as a Adam.*is a SGD"):
+        sgd.restore(state)
+    assert sgd._built is None or not sgd.optimizer.state  # refused: nothing taken
+
+
+class Failing(DirectoryBackend):
+    """A directory whose disk fills up after ``left`` more objects."""
+
+    left = 10**9
+
+    def write_object(self, hexdigest, data):
+        if self.left <= 0:
+            raise OSError(28, "No space left on device")
+        self.left -= 1
+        super().write_object(hexdigest, data)
+
+
+def test_a_checkpoint_is_whole_or_absent(tmp_path):
+    backend = Failing(tmp_path, False)
+    store = Store.over(backend)
+    t, _ = adam_trainer()
+    t.fit(batches(3))
+    first = t.checkpoint(store, "ck")
+    t.fit(batches(2, seed=4))
+    backend.left = 2  # the disk fills in the middle of the next one
+    with pytest.raises(StoreError, match="No space left"):
+        t.checkpoint(store, "ck")
+    assert store.resolve("ck").digest == first  # still the whole one before
+    u, _ = adam_trainer()
+    assert u.resume(store, "ck") == 3
+
+
+def test_a_corrupt_part_is_refused_on_resume_and_changes_nothing(tmp_path):
+    store = Store(tmp_path)
+    t, g = adam_trainer()
+    t.fit(batches(3))
+    t.checkpoint(store, "ck")
+    manifest = store.get(store.resolve("ck").digest)
+    from somatize._codec import loads
+
+    part = loads(manifest)["optimizer"]
+    path = Path(store.backend.object_at(part[7:]))
+    path.chmod(0o644)
+    path.write_bytes(path.read_bytes()[:-1] + b"!")
+    u, g2 = adam_trainer(seed=3)
+    u.fit(batches(1))
+    before = everything(u, g2)
+    with pytest.raises(CorruptObject):
+        u.resume(store, "ck")
+    assert same(everything(u, g2), before)
+
+
+def test_what_fit_is_told_about_checkpoints_is_checked_first(tmp_path):
+    t, _ = adam_trainer()
+    with pytest.raises(DeclarationError, match="checkpoint_every"):
+        t.fit(batches(2), checkpoint_every=10)
+    with pytest.raises(TypeError, match=r"\(store, name\)"):
+        t.fit(batches(2), checkpoint=Store(tmp_path))
+    with pytest.raises(StoreError, match="no checkpoint is kept under 'nope'"):
+        t.resume(Store(tmp_path), "nope")
+    assert t._steps == 0
