@@ -14,12 +14,14 @@ import os
 import random
 import signal
 import sys
+import time
 
 import numpy
 import torch
 from resumenets import Lin
 
 from somatize import Broker, Graph, Worker
+from somatize.store import Store
 from somatize.torch import Split, Trainer, parameters
 
 STEPS, EVERY = 40, 10
@@ -46,6 +48,17 @@ def batches():
             for _ in range(STEPS // 4)]
 
 
+def written(store, steps):
+    """Waits (a few seconds at most) for the checkpoint of ``steps``, which fit writes on
+    a thread, so that the kill always finds the same one kept."""
+    kept = Store(store)
+    for _ in range(500):
+        bound = kept.resolve("run/ckpt")
+        if bound is not None and bound.meta["steps"] == steps:
+            return
+        time.sleep(0.01)
+
+
 def run(store, out, mode, kill_at, resume, broker=None):
     g, trains = build(mode, broker)
     taken = []
@@ -54,6 +67,7 @@ def run(store, out, mode, kill_at, resume, broker=None):
         if fact.get("fact") == "loss":
             taken.append(fact["value"])
             if kill_at and len(taken) + started == kill_at:
+                written(store, kill_at - kill_at % EVERY)
                 os.kill(os.getpid(), signal.SIGKILL)
 
     t = Trainer(g, objective=objective, trains=trains, broker=broker, watching=watch,

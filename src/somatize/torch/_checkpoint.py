@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import random
 import sys
+import threading
 import warnings
 import zlib
 from collections.abc import Mapping
@@ -40,7 +41,7 @@ from .._remember import open_store
 from ..store._store import check_name
 from ._weights import checked_node, checked_weights, copy_weights, weights_of
 
-__all__ = ["RESTORE", "STATE", "Run", "answer", "keep", "learning_state", "restore_learning",
+__all__ = ["Keeper", "RESTORE", "STATE", "Run", "answer", "keep", "learning_state", "restore_learning",
            "seed_all", "take_up"]
 
 FORMAT = "somatize.checkpoint/1"
@@ -384,21 +385,66 @@ def gather(run: Run) -> dict[str, Any]:
             "random": randoms}
 
 
+def written(store: Any, name: str, parts: dict[str, Any]) -> str:
+    """Writes what ``gather`` answered: the parts of this process in one object, each
+    trainer's in one of its own, then the manifest naming them (with the counters and
+    the random states, which are small), and binds ``name`` to it last."""
+    put = lambda value: store.put(dumps(value))  # noqa: E731
+    here = {k: parts[k] for k in ("weights", "grads", "optimizer")}
+    manifest = {k: parts[k] for k in ("identity", "counters", "layout", "random")}
+    manifest.update(format=FORMAT, here=put(here),
+                    trainers={n: put(t) for n, t in parts["trainers"].items()})
+    digest = put(manifest)
+    store.bind(name, digest, {"checkpoint": FORMAT, "steps": parts["counters"]["steps"]})
+    return digest
+
+
 def keep(store: Any, name: str, run: Run) -> str:
     """Keeps a checkpoint of ``run`` under ``name``; answers the manifest's digest."""
-    parts = gather(run)
-    put = lambda value: store.put(dumps(value))  # noqa: E731
-    manifest = {
-        "format": FORMAT, "identity": parts["identity"], "counters": parts["counters"],
-        "layout": parts["layout"],
-        "weights": {n: put(w) for n, w in parts["weights"].items()},
-        "grads": put(parts["grads"]), "optimizer": put(parts["optimizer"]),
-        "trainers": {n: put(t) for n, t in parts["trainers"].items()},
-        "random": {h: put(r) for h, r in parts["random"].items()},
-    }
-    digest = put(manifest)
-    store.bind(name, digest, {"checkpoint": FORMAT, "steps": run.counters["steps"]})
-    return digest
+    return written(store, name, gather(run))
+
+
+class Keeper:
+    """Keeps checkpoints for ``fit`` one at a time, the writing on a thread of its own.
+
+    The snapshot (``gather``: copies of every tensor, asked of every worker) is taken on
+    the caller's thread, between two steps, so it is exactly that step's; only the
+    encoding, hashing and writing — which let go of the GIL — overlap the next steps.
+    A checkpoint asked for while the last one is still being written waits for it, so
+    they are bound in order; what went wrong in one is raised at the next, or at
+    ``wait``."""
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.digest: str | None = None
+
+    def keep(self, store: Any, name: str, run: Run) -> None:
+        self.wait()
+        parts = gather(run)
+        self._thread = threading.Thread(target=self._write, args=(store, name, parts),
+                                        name="somatize-checkpoint", daemon=True)
+        self._thread.start()
+
+    def _write(self, store: Any, name: str, parts: dict[str, Any]) -> None:
+        try:
+            self.digest = written(store, name, parts)
+        except BaseException as exc:  # raised on the caller's thread, at the next call
+            self._error = exc
+
+    def wait(self) -> str | None:
+        """Waits for the checkpoint being written; answers its digest or raises why not."""
+        self.join()
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+        return self.digest
+
+    def join(self) -> None:
+        """Waits for the writing thread, raising nothing (for a ``finally``)."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
 
 
 # -- taking one up ------------------------------------------------------------------------
@@ -421,14 +467,9 @@ def read(store: Any, name: str) -> dict[str, Any]:
         raise StoreError(f"{name!r} in {store.where} is bound to something that is not a "
                          "checkpoint; give the name a checkpoint was kept under")
     parts = dict(manifest)
-    parts["weights"] = {n: _read(store, d, f"weights of {n!r}")
-                        for n, d in manifest["weights"].items()}
-    parts["grads"] = _read(store, manifest["grads"], "gradients")
-    parts["optimizer"] = _read(store, manifest["optimizer"], "optimizer state")
+    parts.update(_read(store, manifest["here"], "weights and optimizer state"))
     parts["trainers"] = {n: _read(store, d, f"state of the trainer of {n!r}")
                          for n, d in manifest["trainers"].items()}
-    parts["random"] = {h: _read(store, d, f"random state {_on(h)}")
-                       for h, d in manifest["random"].items()}
     return parts
 
 

@@ -41,7 +41,7 @@ from .._remember import changing_above, open_store
 from ..store._store import check_name
 from .._slices import backend_of
 from ._audit import audit_for
-from ._checkpoint import Run, keep, kept_by, seed_all, take_up
+from ._checkpoint import Keeper, Run, keep, kept_by, seed_all, take_up
 from ._learning import Learning
 from ._staged import StagedDriver
 from ._tensors import tensors_in
@@ -212,7 +212,8 @@ class Trainer:
         terminal or in a notebook, and nothing otherwise.
 
         ``checkpoint=(store, name)`` keeps a checkpoint under ``name`` every
-        ``checkpoint_every`` steps and at the end. After ``resume``, the steps already
+        ``checkpoint_every`` steps and at the end, each one written on a thread while
+        the next steps go on (the snapshot is taken between two steps). After ``resume``, the steps already
         taken are skipped by position (whole epochs without walking them), so the same
         call goes on where the run stopped; ``data`` must give the same batches in the
         same order again.
@@ -235,6 +236,7 @@ class Trainer:
         length = _length(data, 1)
         bar = _progress(_length(data, epochs))
         skipped, kept_at = 0, None
+        keeper = Keeper() if keeping is not None else None
         try:
             for epoch in range(epochs):
                 if length is not None and self._skip >= length > 0:  # a whole epoch done
@@ -248,7 +250,7 @@ class Trainer:
                     else:
                         history.append(self.step(batch))
                         if keeping is not None and keeping[2] and self._steps % keeping[2] == 0:
-                            self.checkpoint(keeping[0], keeping[1])
+                            keeper.keep(keeping[0], keeping[1], self._run())
                             kept_at = self._steps
                     if bar is not None:
                         if history:
@@ -257,8 +259,12 @@ class Trainer:
             if history or not skipped:  # a run that was all skipped ended before
                 updated = self.update()
                 if keeping is not None and (updated or kept_at != self._steps):
-                    self.checkpoint(keeping[0], keeping[1])
+                    keeper.keep(keeping[0], keeping[1], self._run())
+            if keeper is not None:
+                keeper.wait()
         finally:
+            if keeper is not None:
+                keeper.join()  # whatever happened, no write goes on past fit()
             if bar is not None:
                 bar.close()
         return Result(history)
