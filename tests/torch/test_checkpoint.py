@@ -237,3 +237,50 @@ def test_what_fit_is_told_about_checkpoints_is_checked_first(tmp_path):
     with pytest.raises(StoreError, match="no checkpoint is kept under 'nope'"):
         t.resume(Store(tmp_path), "nope")
     assert t._steps == 0
+
+
+# -- the example: a federated run taken up again, and what submitit requeues
+
+ROOT = HERE.parent.parent
+
+
+def example(*args):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), *sys.path]))
+    return subprocess.run([sys.executable, str(ROOT / "examples" / "federated.py"), *args,
+                           "--clients", "1", "--steps", "3", "--asking", "0.05"],
+                          env=env, capture_output=True, text=True, timeout=240)
+
+
+def federated_example():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("federated_example",
+                                                  ROOT / "examples" / "federated.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_federated_example_goes_on_with_resume(tmp_path, capsys):
+    store = str(tmp_path / "s")
+    first = example("--rounds", "1", "--store", store, "--run", "demo")
+    assert first.returncode == 0, first.stderr
+    again = example("--rounds", "2", "--store", store, "--run", "demo", "--resume")
+    assert again.returncode == 0, again.stderr
+    assert "client 0 resumed after round 0" in again.stdout
+    assert "every client ends with the same weights: yes" in again.stdout
+    rounds = [line for line in again.stdout.splitlines() if line.startswith("    ")]
+    assert len(rounds) == 2 and rounds[0] in first.stdout  # round 0 as the first run said
+    with pytest.raises(SystemExit):
+        federated_example().main(["--store", store, "--resume"])
+    assert "--resume goes on with a run already started" in capsys.readouterr().err
+
+
+def test_a_preempted_client_is_requeued_by_submitit_as_resuming():
+    submitit = pytest.importorskip("submitit")
+    module = federated_example()
+    job = ("store", 0, 2, 3, 4, "demo", 0, 0.1, False)
+    requeued = module.Requeued().checkpoint(*job)
+    assert isinstance(requeued, submitit.helpers.DelayedSubmission)
+    assert isinstance(requeued.function, module.Requeued)
+    assert requeued.args == job[:-1] + (True,)  # the same client, now resuming
