@@ -18,3 +18,10 @@ class Lin(Node):
 
     def parameters(self):
         return list(self.lin.parameters())
+
+
+class Noise(Node):
+    """Adds noise drawn from the process's generator: no weights, only random state."""
+
+    def forward(self, x, ctx):
+        return Opaque(x + 0.1 * torch.randn_like(x))

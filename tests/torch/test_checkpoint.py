@@ -178,7 +178,7 @@ def test_a_learning_keeps_and_restores_its_own_state(tmp_path):
     sgd = Split(torch.optim.SGD, lr=0.1).of(body)
     with pytest.raises(DeclarationError, match="as a Adam.*is a SGD"):
         sgd.restore(state)
-    assert sgd._built is None or not sgd.optimizer.state  # refused: nothing taken
+    assert sgd._built is None and sgd._taken == 0  # refused: nothing taken, nothing built
 
 
 class Failing(DirectoryBackend):
@@ -284,3 +284,28 @@ def test_a_preempted_client_is_requeued_by_submitit_as_resuming():
     assert isinstance(requeued, submitit.helpers.DelayedSubmission)
     assert isinstance(requeued.function, module.Requeued)
     assert requeued.args == job[:-1] + (True,)  # the same client, now resuming
+
+
+def test_the_random_state_of_a_worker_nobody_trains_on_is_kept_too(tmp_path):
+    from resumenets import Lin, Noise
+
+    from somatize import Broker, Worker
+
+    with Worker.generic(mode="network", send=["resumenets"]) as worker:
+        torch.manual_seed(0)
+        g = Graph.somatize(Noise().named("noise").at("gpu") >> Lin(4, 1).named("head"))
+        t = Trainer(g, objective=F.mse_loss, broker=Broker.embedded({"gpu": worker}),
+                    optimizer=torch.optim.Adam(parameters(g), lr=1e-2))
+        data = [(torch.randn(5, 4), torch.randn(5, 1)) for _ in range(3)]
+        t.seed(3)
+        t.fit(data)
+        t.checkpoint(tmp_path, "ck")
+        then = [t.step(b) for b in data]
+        assert t.resume(tmp_path, "ck") == 3
+        assert [t.step(b) for b in data] == then  # the worker's noise drawn again, the same
+        t.resume(tmp_path, "ck")
+        torch.manual_seed(123)  # nothing here draws: the same again...
+        assert [t.step(b) for b in data] == then
+        t.resume(tmp_path, "ck")
+        t.seed(4)  # ...while the worker's draw changes it, so it was the worker's kept
+        assert [t.step(b) for b in data] != then

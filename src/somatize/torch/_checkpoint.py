@@ -53,12 +53,13 @@ HERE = ""  # the host key of this process's random state
 @dataclass
 class Run:
     """What a Trainer hands over to be kept, or taken up: its graph, its optimizer, the
-    driver of its trained nodes (or None), and its counters."""
+    driver of its trained nodes (or None), its counters, and its broker."""
 
     graph: Graph
     optimizer: Any
     driver: Any
     counters: dict[str, Any]
+    broker: Any = None
 
 
 # -- optimizers ---------------------------------------------------------------------------
@@ -143,8 +144,8 @@ def checked_learning(learning: Any, state: Any) -> None:
             f"the state given is {state['taken']} steps into a group and this "
             f"{type(learning).__qualname__} makes one update every {every}; restore it with "
             "the every= it was kept with")
-    if state["optimizer"] is not None:
-        built = learning.optimizer  # built over what is here, to be compared
+    if state["optimizer"] is not None:  # compared with one built over what is here
+        built = learning._built or learning._factory(learning.training())
         _check_optimizer(built, state["optimizer"], state["layout"],
                          layout(built, _names(learning._node)),
                          f"the {type(learning).__qualname__}'s")
@@ -251,7 +252,7 @@ def seed_all(run: Run, seed: int) -> None:
     (drawn from ``seed`` and the host's name), so that a fresh worker's random state
     is not whatever its process started with."""
     for host in sorted(set(run.graph.hosts().values())):
-        _at_host(host, run.driver, {"seed": (seed + zlib.crc32(host.encode())) % 2**63})
+        _at_host(host, run, {"seed": (seed + zlib.crc32(host.encode())) % 2**63})
     seeded(seed)
 
 
@@ -274,10 +275,10 @@ class RandomState(Node):
         return True
 
 
-def _at_host(host: str, driver: Any, message: Any) -> Any:
+def _at_host(host: str, run: Run, message: Any) -> Any:
     graph = Graph.somatize(RandomState().named("random").at(host))
     try:
-        return execute(graph, message, broker=driver.broker if driver is not None else None)
+        return execute(graph, message, broker=run.broker)
     except NodeError as exc:
         if isinstance(exc.__cause__, DeclarationError):
             raise DeclarationError(f"{exc.__cause__}; nothing was resumed") from exc
@@ -366,7 +367,7 @@ def gather(run: Run) -> dict[str, Any]:
     far = _far(run)
     trainers = {n: _message(run, n, {STATE: True})[STATE] for n in far}
     hosts = sorted(set(run.graph.hosts().values()))
-    randoms = {h: _at_host(h, run.driver, None) for h in hosts}
+    randoms = {h: _at_host(h, run, None) for h in hosts}
     g, frozen = run.graph, run.graph.frozen()
     weights, grads = {}, {}
     for n in g.nodes():
@@ -502,7 +503,7 @@ def take_up(store: Any, name: str, run: Run) -> dict[str, Any]:
             _message(run, n, {RESTORE: {"node": n, "weights": t["weights"], "grads": t["grads"],
                                         "learning": t["learning"], "check": check}})
         for h, state in randoms.items():
-            _at_host(h, run.driver, {"state": state, "host": h, "check": check})
+            _at_host(h, run, {"state": state, "host": h, "check": check})
     copy_weights(plan)
     for n in g.nodes():
         if n in parts["weights"]:

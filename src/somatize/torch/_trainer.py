@@ -281,7 +281,8 @@ class Trainer:
 
     def resume(self, store: Any, name: str) -> int:
         """Takes up the checkpoint kept under ``name``, here and on every worker, and
-        answers the steps it had taken; the next ``fit`` skips that many batches.
+        answers the steps it had taken; the next ``fit`` skips that many batches (a
+        loop of one's own skips by the number answered).
 
         All or nothing: every part is read and checked, here and by each trainer where
         it runs, before anything is copied. A checkpoint of another graph, another
@@ -304,7 +305,7 @@ class Trainer:
     def _run(self) -> Run:
         return Run(self._graph, self._optimizer, self._staged,
                    {"steps": self._steps, "taken": self._taken, "every": self._every,
-                    "micro": self._micro, "checked": self._checked})
+                    "micro": self._micro, "checked": self._checked}, self._broker)
 
     # -- the four movements -------------------------------------------------------------
     def _open(self) -> None:
