@@ -1,6 +1,7 @@
 """Checkpoints (somatize.torch._checkpoint): a run killed mid-way and taken up in a fresh
 process ends bit for bit where the run never interrupted ends; refusals change nothing."""
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -10,9 +11,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 from resumable import trained
-from trainnets import batches, graph
+from resumenets import Lin, Noise
+from trainnets import Body, Head, batches, graph
 
-from somatize import CorruptObject, DeclarationError, Graph, StoreError
+from somatize import Broker, CorruptObject, DeclarationError, Graph, StoreError, Worker
+from somatize._codec import loads
 from somatize.store import DirectoryBackend, Store
 from somatize.torch import Split, Trainer, parameters
 
@@ -56,7 +59,7 @@ def adam_trainer(seed=0, lr=1e-2, **options):
                    optimizer=torch.optim.Adam(parameters(g), lr=lr), **options), g
 
 
-def everything(t, g):
+def everything(t):
     """What a refusal must leave as it was: weights, the optimizer's state, the steps."""
     state = t._optimizer.state_dict()["state"]
     return (t.export(), {k: {n: v.clone() if isinstance(v, torch.Tensor) else v
@@ -110,15 +113,13 @@ def test_a_checkpoint_of_another_graph_is_refused_and_changes_nothing(tmp_path):
     t.fit(batches(3))
     t.checkpoint(store, "ck")
     torch.manual_seed(0)
-    from trainnets import Body, Head
-
     other = Graph.somatize(Body().named("body") >> Head().named("top"))
     u = Trainer(other, objective=F.mse_loss, optimizer=torch.optim.Adam(parameters(other)))
     u.fit(batches(2))
-    before = everything(u, other)
+    before = everything(u)
     with pytest.raises(DeclarationError, match=r"another set of nodes.*'head'.*'top'"):
         u.resume(store, "ck")
-    assert same(everything(u, other), before)
+    assert same(everything(u), before)
 
 
 def test_a_checkpoint_of_another_optimizer_layout_is_refused_and_changes_nothing(tmp_path):
@@ -134,18 +135,18 @@ def test_a_checkpoint_of_another_optimizer_layout_is_refused_and_changes_nothing
     groups = torch.optim.Adam([{"params": body.parameters()}, {"params": head.parameters()}])
     split = Trainer(g3, objective=F.mse_loss, optimizer=groups)
     split.fit(batches(2))
-    before = everything(split, g3)
+    before = everything(split)
     with pytest.raises(DeclarationError, match="had 1 parameter group.*has 2 now"):
         split.resume(store, "ck")
-    assert same(everything(split, g3), before)
+    assert same(everything(split), before)
     g4, body, head = graph(seed=0)
     fewer = Trainer(g4, objective=F.mse_loss, optimizer=torch.optim.Adam(head.parameters()))
     with pytest.warns(UserWarning):  # the body is trained by nobody: said, not refused
         fewer.fit(batches(2))
-    before = everything(fewer, g4)
+    before = everything(fewer)
     with pytest.raises(DeclarationError, match=r"group 0 holds body/net.0.weight.*no more"):
         fewer.resume(store, "ck")
-    assert same(everything(fewer, g4), before)
+    assert same(everything(fewer), before)
 
 
 def test_another_set_of_trained_nodes_is_refused_naming_it(tmp_path):
@@ -214,18 +215,16 @@ def test_a_corrupt_part_is_refused_on_resume_and_changes_nothing(tmp_path):
     t.fit(batches(3))
     t.checkpoint(store, "ck")
     manifest = store.get(store.resolve("ck").digest)
-    from somatize._codec import loads
-
     part = loads(manifest)["here"]
     path = Path(store.backend.object_at(part[7:]))
     path.chmod(0o644)
     path.write_bytes(path.read_bytes()[:-1] + b"!")
     u, g2 = adam_trainer(seed=3)
     u.fit(batches(1))
-    before = everything(u, g2)
+    before = everything(u)
     with pytest.raises(CorruptObject):
         u.resume(store, "ck")
-    assert same(everything(u, g2), before)
+    assert same(everything(u), before)
 
 
 def test_what_fit_is_told_about_checkpoints_is_checked_first(tmp_path):
@@ -252,8 +251,6 @@ def example(*args):
 
 
 def federated_example():
-    import importlib.util
-
     spec = importlib.util.spec_from_file_location("federated_example",
                                                   ROOT / "examples" / "federated.py")
     module = importlib.util.module_from_spec(spec)
@@ -286,26 +283,51 @@ def test_a_preempted_client_is_requeued_by_submitit_as_resuming():
     assert requeued.args == job[:-1] + (True,)  # the same client, now resuming
 
 
-def test_the_random_state_of_a_worker_nobody_trains_on_is_kept_too(tmp_path):
-    from resumenets import Lin, Noise
+@pytest.fixture(scope="module")
+def worker():
+    with Worker.generic(mode="network", send=["resumenets"]) as w:
+        yield w
 
-    from somatize import Broker, Worker
 
-    with Worker.generic(mode="network", send=["resumenets"]) as worker:
+def test_a_checkpoint_a_worker_refuses_changes_nothing_here_or_there(tmp_path, worker):
+    def split(technique):
         torch.manual_seed(0)
-        g = Graph.somatize(Noise().named("noise").at("gpu") >> Lin(4, 1).named("head"))
-        t = Trainer(g, objective=F.mse_loss, broker=Broker.embedded({"gpu": worker}),
-                    optimizer=torch.optim.Adam(parameters(g), lr=1e-2))
-        data = [(torch.randn(5, 4), torch.randn(5, 1)) for _ in range(3)]
-        t.seed(3)
-        t.fit(data)
-        t.checkpoint(tmp_path, "ck")
-        then = [t.step(b) for b in data]
-        assert t.resume(tmp_path, "ck") == 3
-        assert [t.step(b) for b in data] == then  # the worker's noise drawn again, the same
-        t.resume(tmp_path, "ck")
-        torch.manual_seed(123)  # nothing here draws: the same again...
-        assert [t.step(b) for b in data] == then
-        t.resume(tmp_path, "ck")
-        t.seed(4)  # ...while the worker's draw changes it, so it was the worker's kept
-        assert [t.step(b) for b in data] != then
+        g = Graph.somatize(Lin(4, 8).named("encoder") >> Lin(8, 8).named("body").at("gpu")
+                           >> Lin(8, 1, relu=False).named("head"))
+        trains = {"body": Split(technique, lr=1e-2)}
+        return Trainer(g, objective=F.mse_loss, trains=trains,
+                       broker=Broker.embedded({"gpu": worker}),
+                       optimizer=torch.optim.Adam(parameters(g, without=trains), lr=1e-2))
+
+    data = [(torch.randn(5, 4), torch.randn(5, 1)) for _ in range(3)]
+    adam = split(torch.optim.Adam)
+    adam.fit(data)
+    adam.checkpoint(tmp_path, "ck")
+    sgd = split(torch.optim.SGD)
+    sgd.fit(data[:2])
+    before = everything(sgd)  # the body's weights asked of the worker, too
+    with pytest.raises(DeclarationError, match=r"as a Adam.*SGD.*trainer of 'body' on host "
+                                               r"'gpu'.*nothing was resumed"):
+        sgd.resume(tmp_path, "ck")
+    assert same(everything(sgd), before)
+    assert sgd.fit(data).history  # and it trains on, as it was
+
+
+def test_the_random_state_of_a_worker_nobody_trains_on_is_kept_too(tmp_path, worker):
+    torch.manual_seed(0)
+    g = Graph.somatize(Noise().named("noise").at("gpu") >> Lin(4, 1).named("head"))
+    t = Trainer(g, objective=F.mse_loss, broker=Broker.embedded({"gpu": worker}),
+                optimizer=torch.optim.Adam(parameters(g), lr=1e-2))
+    data = [(torch.randn(5, 4), torch.randn(5, 1)) for _ in range(3)]
+    t.seed(3)
+    t.fit(data)
+    t.checkpoint(tmp_path, "ck")
+    then = [t.step(b) for b in data]
+    assert t.resume(tmp_path, "ck") == 3
+    assert [t.step(b) for b in data] == then  # the worker's noise drawn again, the same
+    t.resume(tmp_path, "ck")
+    torch.manual_seed(123)  # nothing here draws: the same again...
+    assert [t.step(b) for b in data] == then
+    t.resume(tmp_path, "ck")
+    t.seed(4)  # ...while the worker's draw changes it, so it was the worker's kept
+    assert [t.step(b) for b in data] != then
