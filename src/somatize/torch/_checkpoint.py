@@ -15,14 +15,12 @@ skips the steps already taken by position, so a loader has to give the same batc
 in the same order when walked again (a seeded generator of its own).
 
 A trainer on another machine is reached by the channel there is: a message walked
-back to it like a gradient (``STATE``, ``RESTORE``). A host's random state is reached
-by a one-node graph placed on that host.
+back to it like a gradient (``STATE``, ``RESTORE``); a host's random state by a
+one-node graph placed on that host (``somatize.torch._random``).
 """
 
 from __future__ import annotations
 
-import random
-import sys
 import threading
 import warnings
 import zlib
@@ -36,9 +34,9 @@ from .._codec import dumps, loads
 from .._engine import execute
 from .._errors import DeclarationError, NodeError, StoreError, whole_number
 from .._graph import Graph
-from .._node import Node
 from .._remember import open_store
 from ..store._store import check_name
+from ._random import HERE, check_random, on_host, random_state, seeded, set_random, where
 from ._weights import checked_node, checked_weights, copy_weights, weights_of
 
 __all__ = ["Keeper", "RESTORE", "STATE", "Run", "answer", "keep", "learning_state", "restore_learning",
@@ -47,7 +45,6 @@ __all__ = ["Keeper", "RESTORE", "STATE", "Run", "answer", "keep", "learning_stat
 FORMAT = "somatize.checkpoint/1"
 STATE = "__soma_state__"  # walked back to a trainer: answer its node's weights and its state
 RESTORE = "__soma_restore__"  # walked back to a trainer: check (and take) these
-HERE = ""  # the host key of this process's random state
 
 
 @dataclass
@@ -197,92 +194,13 @@ def _set_grads(node: Any, grads: Mapping[str, Any]) -> None:
         live[key].grad = grad.to(live[key].device, live[key].dtype).clone()
 
 
-# -- random state, on each machine -----------------------------------------------------
-def random_state() -> dict[str, Any]:
-    """This process's random state: torch (CPU, and each CUDA device once CUDA is in
-    use), Python's ``random``, and numpy's global generator where numpy is loaded."""
-    version, inner, gauss = random.getstate()
-    state: dict[str, Any] = {"torch": torch.get_rng_state(),
-                             "random": [version, list(inner), gauss]}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        kind, keys, pos, has_gauss, cached = numpy.random.get_state()
-        state["numpy"] = [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)]
-    return state
-
-
-def check_random(state: Mapping[str, Any], host: str) -> None:
-    """Refuses a random state this process could not take whole."""
-    cuda = state.get("cuda")
-    if cuda and (not torch.cuda.is_available() or torch.cuda.device_count() < len(cuda)):
-        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        raise DeclarationError(
-            f"the checkpoint holds the random state of {len(cuda)} CUDA device(s) "
-            f"{_on(host)}, which has {have}; resume where the run had as many devices")
-
-
-def set_random(state: Mapping[str, Any]) -> None:
-    """Takes a random state that ``random_state`` answered."""
-    torch.set_rng_state(state["torch"])
-    if state.get("cuda"):
-        torch.cuda.set_rng_state_all(state["cuda"])
-    version, inner, gauss = state["random"]
-    random.setstate((version, tuple(inner), gauss))
-    if "numpy" in state:
-        import numpy
-
-        kind, keys, pos, has_gauss, cached = state["numpy"]
-        numpy.random.set_state((kind, numpy.array(keys, dtype=numpy.uint32), pos, has_gauss,
-                                cached))
-
-
-def seeded(seed: int) -> None:
-    """Seeds every generator ``random_state`` keeps, in this process."""
-    torch.manual_seed(seed)
-    random.seed(seed)
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        numpy.random.seed(seed % 2**32)
-
-
 def seed_all(run: Run, seed: int) -> None:
     """Seeds this process and every host the graph runs on, each with its own seed
     (drawn from ``seed`` and the host's name), so that a fresh worker's random state
     is not whatever its process started with."""
     for host in sorted(set(run.graph.hosts().values())):
-        _at_host(host, run, {"seed": (seed + zlib.crc32(host.encode())) % 2**63})
+        on_host(host, run.broker, {"seed": (seed + zlib.crc32(host.encode())) % 2**63})
     seeded(seed)
-
-
-def _on(host: str) -> str:
-    return "here" if host == HERE else f"on host {host!r}"
-
-
-class RandomState(Node):
-    """Stands on a host to answer that process's random state, or to check and set it."""
-
-    def forward(self, value: Any, ctx: Any) -> Any:
-        if value is None:
-            return random_state()
-        if "seed" in value:
-            seeded(value["seed"])
-            return True
-        check_random(value["state"], value["host"])
-        if not value["check"]:
-            set_random(value["state"])
-        return True
-
-
-def _at_host(host: str, run: Run, message: Any) -> Any:
-    graph = Graph.somatize(RandomState().named("random").at(host))
-    try:
-        return execute(graph, message, broker=run.broker)
-    except NodeError as exc:
-        if isinstance(exc.__cause__, DeclarationError):
-            raise DeclarationError(f"{exc.__cause__}; nothing was resumed") from exc
-        raise
 
 
 # -- what a run is, to be compared ------------------------------------------------------
@@ -367,7 +285,7 @@ def gather(run: Run) -> dict[str, Any]:
     far = _far(run)
     trainers = {n: _message(run, n, {STATE: True})[STATE] for n in far}
     hosts = sorted(set(run.graph.hosts().values()))
-    randoms = {h: _at_host(h, run, None) for h in hosts}
+    randoms = {h: on_host(h, run.broker, None) for h in hosts}
     g, frozen = run.graph, run.graph.frozen()
     weights, grads = {}, {}
     for n in g.nodes():
@@ -503,7 +421,7 @@ def take_up(store: Any, name: str, run: Run) -> dict[str, Any]:
             _message(run, n, {RESTORE: {"node": n, "weights": t["weights"], "grads": t["grads"],
                                         "learning": t["learning"], "check": check}})
         for h, state in randoms.items():
-            _at_host(h, run, {"state": state, "host": h, "check": check})
+            on_host(h, run.broker, {"state": state, "host": h, "check": check})
     copy_weights(plan)
     for n in g.nodes():
         if n in parts["weights"]:
