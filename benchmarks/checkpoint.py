@@ -82,14 +82,14 @@ def overlapped(t, data, store):
     here, written on a thread while the next steps go on. Blocks of BLOCK steps with
     one kept at their start against blocks without, interleaved; the difference of
     the medians."""
-    keeper = Keeper()
+    keeper = Keeper(store, "ck", None)
 
     def plain():
         for b in data[:BLOCK]:
             t.step(b)
 
     def keeping():
-        keeper.keep(store, "ck", t._run())  # what fit(checkpoint_every=) does
+        keeper.keep(t._run())  # what fit(checkpoint_every=) does when one is due
         plain()
         keeper.wait()
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import threading
 import warnings
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -324,30 +324,45 @@ def keep(store: Any, name: str, run: Run) -> str:
 
 
 class Keeper:
-    """Keeps checkpoints for ``fit`` one at a time, the writing on a thread of its own.
+    """Keeps ``fit``'s checkpoints under ``name``: every ``every`` steps (None: only at
+    the end), one at a time, the writing on a thread of its own.
 
     The snapshot (``gather``: copies of every tensor, asked of every worker) is taken on
     the caller's thread, between two steps, so it is exactly that step's; only the
-    encoding, hashing and writing — which let go of the GIL — overlap the next steps.
-    A checkpoint asked for while the last one is still being written waits for it, so
-    they are bound in order; what went wrong in one is raised at the next, or at
-    ``wait``."""
+    encoding, hashing and writing overlap the next steps. A checkpoint due while the
+    last one is still being written waits for it, so they are bound in order; what
+    went wrong writing one is raised at the next, or at the end."""
 
-    def __init__(self) -> None:
+    def __init__(self, store: Any, name: str, every: int | None):
+        self.store, self.name, self.every = store, name, every
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        self._kept_at: int | None = None
         self.digest: str | None = None
 
-    def keep(self, store: Any, name: str, run: Run) -> None:
+    def stepped(self, steps: int, run: Callable[[], Run]) -> None:
+        """After a step: keeps one if it is due."""
+        if self.every and steps % self.every == 0:
+            self.keep(run())
+            self._kept_at = steps
+
+    def ended(self, updated: bool, steps: int, run: Callable[[], Run]) -> str | None:
+        """At the end of ``fit``: keeps the last one (unless the last step's is it) and
+        waits for it to be written."""
+        if updated or self._kept_at != steps:
+            self.keep(run())
+        return self.wait()
+
+    def keep(self, run: Run) -> None:
         self.wait()
         parts = gather(run)
-        self._thread = threading.Thread(target=self._write, args=(store, name, parts),
+        self._thread = threading.Thread(target=self._write, args=(parts,),
                                         name="somatize-checkpoint", daemon=True)
         self._thread.start()
 
-    def _write(self, store: Any, name: str, parts: dict[str, Any]) -> None:
+    def _write(self, parts: dict[str, Any]) -> None:
         try:
-            self.digest = written(store, name, parts)
+            self.digest = written(self.store, self.name, parts)
         except BaseException as exc:  # raised on the caller's thread, at the next call
             self._error = exc
 
@@ -431,9 +446,9 @@ def take_up(store: Any, name: str, run: Run) -> dict[str, Any]:
     return counters
 
 
-def kept_by(checkpoint: Any, every: Any) -> tuple[Any, str, int | None] | None:
-    """``fit``'s ``checkpoint=(store, name)`` and ``checkpoint_every=``, checked before the
-    first step: ``(store, name, every)``, or None when no checkpoint is asked for."""
+def kept_by(checkpoint: Any, every: Any) -> Keeper | None:
+    """The Keeper of ``fit``'s ``checkpoint=(store, name)`` and ``checkpoint_every=``,
+    checked before the first step; None when no checkpoint is asked for."""
     if checkpoint is None:
         if every is not None:
             raise DeclarationError("fit(checkpoint_every=...) says how often to keep a "
@@ -445,4 +460,4 @@ def kept_by(checkpoint: Any, every: Any) -> tuple[Any, str, int | None] | None:
                         f"{type(checkpoint).__qualname__}")
     if every is not None:
         whole_number(every, "checkpoint_every", of="fit()")
-    return open_store(checkpoint[0]), check_name(checkpoint[1]), every
+    return Keeper(open_store(checkpoint[0]), check_name(checkpoint[1]), every)

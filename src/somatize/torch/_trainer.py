@@ -41,7 +41,7 @@ from .._remember import changing_above, open_store
 from ..store._store import check_name
 from .._slices import backend_of
 from ._audit import audit_for
-from ._checkpoint import Keeper, Run, keep, kept_by, seed_all, take_up
+from ._checkpoint import Run, keep, kept_by, seed_all, take_up
 from ._learning import Learning
 from ._staged import StagedDriver
 from ._tensors import tensors_in
@@ -219,7 +219,7 @@ class Trainer:
         same order again.
         """
         epochs = whole_number(epochs, "epochs", of="fit()")
-        keeping = kept_by(checkpoint, checkpoint_every)
+        keeper = kept_by(checkpoint, checkpoint_every)
         try:
             walked = iter(data)
         except TypeError:
@@ -233,41 +233,43 @@ class Trainer:
                 "epoch with a fresh one"
             )
         history: list[float] = []
-        length = _length(data, 1)
+        length, resumed = _length(data, 1), self._skip > 0
         bar = _progress(_length(data, epochs))
-        skipped, kept_at = 0, None
-        keeper = Keeper() if keeping is not None else None
         try:
             for epoch in range(epochs):
-                if length is not None and self._skip >= length > 0:  # a whole epoch done
-                    self._skip, skipped = self._skip - length, skipped + length
+                for batch in self._untaken(walked if epoch == 0 else data, length, bar):
+                    history.append(self.step(batch))
+                    if keeper is not None:
+                        keeper.stepped(self._steps, self._run)
                     if bar is not None:
-                        bar.update(length)
-                    continue
-                for batch in (walked if epoch == 0 else data):
-                    if self._skip:
-                        self._skip, skipped = self._skip - 1, skipped + 1
-                    else:
-                        history.append(self.step(batch))
-                        if keeping is not None and keeping[2] and self._steps % keeping[2] == 0:
-                            keeper.keep(keeping[0], keeping[1], self._run())
-                            kept_at = self._steps
-                    if bar is not None:
-                        if history:
-                            bar.set_postfix(loss=f"{history[-1]:.4g}", refresh=False)
+                        bar.set_postfix(loss=f"{history[-1]:.4g}", refresh=False)
                         bar.update()
-            if history or not skipped:  # a run that was all skipped ended before
+            if history or not resumed:  # a run whose steps were all taken ended before
                 updated = self.update()
-                if keeping is not None and (updated or kept_at != self._steps):
-                    keeper.keep(keeping[0], keeping[1], self._run())
-            if keeper is not None:
-                keeper.wait()
+                if keeper is not None:
+                    keeper.ended(updated, self._steps, self._run)
         finally:
             if keeper is not None:
                 keeper.join()  # whatever happened, no write goes on past fit()
             if bar is not None:
                 bar.close()
         return Result(history)
+
+    def _untaken(self, batches: Iterable[Any], length: int | None, bar: Any) -> Iterable[Any]:
+        """The batches of one epoch that a resumed run has not taken yet; an epoch it
+        took whole is not walked at all."""
+        if length is not None and self._skip >= length > 0:
+            self._skip -= length
+            if bar is not None:
+                bar.update(length)
+            return
+        for batch in batches:
+            if not self._skip:
+                yield batch
+                continue
+            self._skip -= 1
+            if bar is not None:
+                bar.update()
 
     # -- a run kept, and taken up again -------------------------------------------------
     def checkpoint(self, store: Any, name: str) -> str:
