@@ -105,8 +105,8 @@ def client(store: Store, mine: int, clients: int, rounds: int, steps: int, run: 
                          mine=mine, size=len(x), asking=asking)
         trainer.load(average)
         losses.append(sum(taken) / len(taken))
+        store.keep(f"fed/{run}/losses/{mine}", losses)  # first: a checkpoint finds them
         trainer.checkpoint(store, kept)  # a restarted client goes on from here
-        store.keep(f"fed/{run}/losses/{mine}", losses)
     store.keep(f"fed/{run}/final/{mine}", trainer.export(), {"client": mine})
     return {"client": mine, "size": len(x), "losses": losses}
 

@@ -5,6 +5,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -120,6 +121,15 @@ def test_a_checkpoint_of_another_graph_is_refused_and_changes_nothing(tmp_path):
     with pytest.raises(DeclarationError, match=r"another set of nodes.*'head'.*'top'"):
         u.resume(store, "ck")
     assert same(everything(u), before)
+
+    class Wider(Body):
+        pass
+
+    torch.manual_seed(0)
+    recast = Graph.somatize(Wider().named("body") >> Head().named("head"))
+    v = Trainer(recast, objective=F.mse_loss, optimizer=torch.optim.Adam(parameters(recast)))
+    with pytest.raises(DeclarationError, match="node 'body' was a Body and is a .*Wider here"):
+        v.resume(store, "ck")
 
 
 def test_a_checkpoint_of_another_optimizer_layout_is_refused_and_changes_nothing(tmp_path):
@@ -259,17 +269,17 @@ def federated_example():
 
 
 def test_the_federated_example_goes_on_with_resume(tmp_path, capsys):
-    store = str(tmp_path / "s")
-    first = example("--rounds", "1", "--store", store, "--run", "demo")
-    assert first.returncode == 0, first.stderr
-    again = example("--rounds", "2", "--store", store, "--run", "demo", "--resume")
+    store = tmp_path / "s"
+    module = federated_example()
+    first = module.client(Store(store), 0, 1, 1, 3, "demo", 0, 0.05)  # round 0, here
+    again = example("--rounds", "2", "--store", str(store), "--run", "demo", "--resume")
     assert again.returncode == 0, again.stderr
     assert "client 0 resumed after round 0" in again.stdout
     assert "every client ends with the same weights: yes" in again.stdout
-    rounds = [line for line in again.stdout.splitlines() if line.startswith("    ")]
-    assert len(rounds) == 2 and rounds[0] in first.stdout  # round 0 as the first run said
+    rounds = [line.split() for line in again.stdout.splitlines() if line.startswith("    ")]
+    assert len(rounds) == 2 and float(rounds[0][1]) == pytest.approx(first["losses"][0], abs=1e-4)
     with pytest.raises(SystemExit):
-        federated_example().main(["--store", store, "--resume"])
+        module.main(["--store", str(store), "--resume"])
     assert "--resume goes on with a run already started" in capsys.readouterr().err
 
 
@@ -331,3 +341,36 @@ def test_the_random_state_of_a_worker_nobody_trains_on_is_kept_too(tmp_path, wor
     t.resume(tmp_path, "ck")
     t.seed(4)  # ...while the worker's draw changes it, so it was the worker's kept
     assert [t.step(b) for b in data] != then
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="finds the job's process in /proc")
+def test_a_client_preempted_under_submitit_is_requeued_and_goes_on(tmp_path):
+    submitit = pytest.importorskip("submitit")
+    cloudpickle = pytest.importorskip("cloudpickle")
+    module = federated_example()
+    sys.modules[module.__name__] = module
+    cloudpickle.register_pickle_by_value(module)  # the job's process cannot import it
+    store = Store(tmp_path / "s")
+    job = (store, 0, 1, 10, 40, "demo", 0, 0.05, False)  # one client, 10 rounds of 40 steps
+    runs = submitit.LocalExecutor(folder=tmp_path / "logs")
+    runs.update_parameters(timeout_min=5)
+    running = runs.submit(module.Requeued(), *job)
+    for _ in range(3000):  # preempted once its first round is kept
+        if store.resolve("fed/demo/checkpoint/0") is not None:
+            break
+        time.sleep(0.01)
+    # What Slurm does before it preempts: submitit's signal, to the job's own process
+    # (submitit's local controller, the process it knows, does not pass it on).
+    controller = running._process.pid
+    task = Path(f"/proc/{controller}/task/{controller}/children").read_text().split()
+    os.kill(int(task[0]), submitit.JobEnvironment._usr_sig())
+    try:
+        said = running.result()
+    finally:
+        cloudpickle.unregister_pickle_by_value(module)
+        del sys.modules[module.__name__]
+    assert "client 0 resumed after round" in running.stdout(), running.stdout() + running.stderr()
+    whole = module.client(Store(tmp_path / "t"), *job[1:])  # never interrupted, here
+    assert said["losses"] == whole["losses"]
+    ended, again = store.recall("fed/demo/final/0"), Store(tmp_path / "t").recall("fed/demo/final/0")
+    assert all(torch.equal(ended[n][k], again[n][k]) for n in ended for k in ended[n])

@@ -206,11 +206,16 @@ def seed_all(run: Run, seed: int) -> None:
 # -- what a run is, to be compared ------------------------------------------------------
 def identity(run: Run) -> dict[str, Any]:
     """What a checkpoint must agree with to be taken up: the graph's nodes, edges and
-    implementations, what is frozen and at which state, and what trains where."""
+    implementations, what is frozen and at which state, and what trains where.
+
+    An implementation is its class's name without its module: the same script is
+    ``__main__`` when run, ``__mp_main__`` in a spawned process and its file's name
+    when imported, and the weights' keys and shapes are checked anyway."""
     g = run.graph
     trains = run.driver.trains if run.driver is not None else {}
     return {"nodes": list(g.nodes()), "edges": [list(e) for e in g.edges()],
-            "identities": g.identities(), "frozen": dict(g.frozen()),
+            "identities": {n: type(g.implementation(n)).__qualname__ for n in g.nodes()},
+            "frozen": dict(g.frozen()),
             "trained": {n: type(t).__qualname__ for n, t in trains.items()}}
 
 
