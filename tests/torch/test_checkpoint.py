@@ -372,5 +372,6 @@ def test_a_client_preempted_under_submitit_is_requeued_and_goes_on(tmp_path):
     assert "client 0 resumed after round" in running.stdout(), running.stdout() + running.stderr()
     whole = module.client(Store(tmp_path / "t"), *job[1:])  # never interrupted, here
     assert said["losses"] == whole["losses"]
-    ended, again = store.recall("fed/demo/final/0"), Store(tmp_path / "t").recall("fed/demo/final/0")
+    ended = store.recall("fed/demo/final/0")
+    again = Store(tmp_path / "t").recall("fed/demo/final/0")
     assert all(torch.equal(ended[n][k], again[n][k]) for n in ended for k in ended[n])

@@ -31,7 +31,8 @@ def test_cuda_states_for_devices_this_process_lacks_are_refused():
     state = random_state()
     have = torch.cuda.device_count() if torch.cuda.is_available() else 0
     state["cuda"] = [torch.get_rng_state()] * (have + 1)
-    with pytest.raises(DeclarationError, match=rf"{have + 1} CUDA device\(s\) here, which has {have}"):
+    said = rf"{have + 1} CUDA device\(s\) here, which has {have}"
+    with pytest.raises(DeclarationError, match=said):
         check_random(state, HERE)
     with pytest.raises(DeclarationError, match="on host 'gpu'"):
         check_random(state, "gpu")

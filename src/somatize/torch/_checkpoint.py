@@ -39,7 +39,8 @@ from ..store._store import check_name
 from ._random import HERE, check_random, on_host, random_state, seeded, set_random, where
 from ._weights import checked_node, checked_weights, copy_weights, weights_of
 
-__all__ = ["Keeper", "RESTORE", "STATE", "Run", "answer", "keep", "learning_state", "restore_learning",
+__all__ = ["Keeper", "RESTORE", "STATE", "Run", "answer", "keep", "learning_state",
+           "restore_learning",
            "seed_all", "take_up"]
 
 FORMAT = "somatize.checkpoint/1"
@@ -282,7 +283,8 @@ def _message(run: Run, node: str, message: dict[str, Any]) -> Any:
 
 
 def _names_of(graph: Graph) -> dict[int, str]:
-    return {k: v for n in graph.nodes() for k, v in _names(graph.implementation(n), n + "/").items()}
+    return {k: v for n in graph.nodes()
+            for k, v in _names(graph.implementation(n), n + "/").items()}
 
 
 def gather(run: Run) -> dict[str, Any]:

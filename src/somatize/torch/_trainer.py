@@ -212,11 +212,11 @@ class Trainer:
         terminal or in a notebook, and nothing otherwise.
 
         ``checkpoint=(store, name)`` keeps a checkpoint under ``name`` every
-        ``checkpoint_every`` steps and at the end, each one written on a thread while
-        the next steps go on (the snapshot is taken between two steps). After ``resume``, the steps already
-        taken are skipped by position (whole epochs without walking them), so the same
-        call goes on where the run stopped; ``data`` must give the same batches in the
-        same order again.
+        ``checkpoint_every`` steps and at the end, each written on a thread while the
+        next steps go on (its snapshot is taken between two steps). After ``resume``,
+        the steps already taken are skipped by position (whole epochs without walking
+        them), so the same call goes on where the run stopped; ``data`` must give the
+        same batches in the same order again. The Result holds the steps this call took.
         """
         epochs = whole_number(epochs, "epochs", of="fit()")
         keeper = kept_by(checkpoint, checkpoint_every)
