@@ -3,14 +3,11 @@ test shares it. Without Ray (or torch) the directory is left out, and the header
 the run says why."""
 
 import importlib.util
-import os
-import sys
-from pathlib import Path
 
 import pytest
+from ray_helpers import cluster_env
 
 HAS_RAY = importlib.util.find_spec("ray") is not None and importlib.util.find_spec("torch") is not None
-HERE = Path(__file__).resolve().parent
 
 if not HAS_RAY:
     collect_ignore_glob = ["test_*.py"]
@@ -20,11 +17,6 @@ def pytest_report_header(config):
     if not HAS_RAY:
         return "tests/ray: skipped, ray or torch is not installed (pip install 'somatize[ray,torch]')"
     return None
-
-
-def cluster_env() -> dict:
-    """What the cluster's processes need to import the somatize under test."""
-    return {"PYTHONPATH": os.pathsep.join(p for p in [str(HERE), *sys.path] if p)}
 
 
 @pytest.fixture(scope="session")
