@@ -18,11 +18,14 @@ RAY = shutil.which("ray", path=os.path.dirname(sys.executable)) or shutil.which(
 CLIENT = textwrap.dedent("""
     import sys
     import ray
-    from raynets import Twice
-    from somatize import Graph, Worker
+    from somatize import Graph, Node, Worker
+
+    class Twice(Node):  # defined here, in __main__: it travels by value
+        def forward(self, x, ctx):
+            return x * 2
 
     ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
-    with Worker.on_ray(mode="network", send=["raynets"], num_cpus=1) as there:
+    with Worker.on_ray(mode="network", num_cpus=1) as there:
         g = Graph.somatize(Twice().at("far"))
         print("answer", g.forward(21, broker={"far": there}), flush=True)
 """)

@@ -257,11 +257,17 @@ class RayLink(Link):
                 self._flying.discard(ref)
 
     def _back(self, host: str, actor: Any, error: WireError) -> None:
-        """Waits for Ray to have restarted the actor; the error if it does not."""
-        try:
-            ray.get(actor.ready.remote(), timeout=max(_STARTUP, self.worker.timeout))
-        except (ray.exceptions.GetTimeoutError, *_GONE):
-            raise error from None
+        """Waits for Ray to have restarted the actor; ``error`` if it does not."""
+        deadline = time.monotonic() + max(_STARTUP, self.worker.timeout)
+        while time.monotonic() < deadline and not self.worker.closed:
+            try:
+                ray.get(actor.ready.remote(), timeout=max(0.0, deadline - time.monotonic()))
+                return
+            except ray.exceptions.ActorUnavailableError:  # not back yet
+                time.sleep(0.1)
+            except (ray.exceptions.GetTimeoutError, *_GONE):
+                break
+        raise error
 
     def cancel(self) -> None:
         """Cancels every call in flight (their callers get a WireError)."""
