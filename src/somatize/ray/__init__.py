@@ -10,15 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._optional import optional
 from ..wire.declare import place
 
 __all__ = ["RayWorker"]
 
 
 def _on_ray(mode: str, send: Any, **options: Any) -> Any:
-    from .worker import RayWorker
-
-    return RayWorker(mode, send, **options)
+    return optional(f"{__name__}.worker", "ray", "Worker.on_ray").RayWorker(mode, send, **options)
 
 
 def __getattr__(name: str) -> Any:
