@@ -1,6 +1,7 @@
 """Nodes for the Ray tests, sent to the actors by value (mode="network"): an actor
 cannot import the tests."""
 
+import os
 import threading
 import time
 
@@ -63,3 +64,10 @@ class Sleep(Node):
 class Boom(Node):
     def forward(self, x, ctx):
         raise ValueError(f"boom on {x!r}")
+
+
+class Env(Node):
+    """What the actor's environment says for a variable."""
+
+    def forward(self, name, ctx):
+        return os.environ.get(name)

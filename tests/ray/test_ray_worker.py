@@ -6,7 +6,7 @@ import time
 
 import pytest
 import torch
-from raynets import Boom, Bump, Echo, Latch, Lin, Sleep, Twice, Unlatch
+from raynets import Boom, Bump, Echo, Env, Latch, Lin, Sleep, Twice, Unlatch
 
 from somatize import Broker, DeclarationError, Graph, Lost, NodeError, Opaque, WireError, Worker
 from somatize.torch import OutOfStep, Split, Trainer, parameters
@@ -17,7 +17,8 @@ mse = torch.nn.functional.mse_loss
 @pytest.fixture(scope="module")
 def shared(cluster):
     """One actor for the tests that leave it standing: each one started costs seconds."""
-    with Worker.on_ray(mode="network", send=["raynets"], num_cpus=1) as worker:
+    with Worker.on_ray(mode="network", send=["raynets"], num_cpus=1,
+                       runtime_env={"env_vars": {"SOMATIZE_RAY_TEST": "shared"}}) as worker:
         yield worker
 
 
@@ -31,7 +32,19 @@ def test_a_slice_on_an_actor_answers_as_here_and_its_facts_name_the_host(shared)
     far = [f for f in seen if f.get("node") == "b"]
     assert far and all(f["host"] == "gpu" for f in far)
     assert {"sent", "received"} <= {f["fact"] for f in seen if f.get("host") == "gpu"}
-    assert "Ray actor on" in repr(gpu._where("gpu"))
+
+
+def test_the_runtime_env_asked_for_is_the_actors(shared):
+    assert Graph.somatize(Env().at("gpu")).forward("SOMATIZE_RAY_TEST", broker={"gpu": shared}) == "shared"
+
+
+def test_resources_no_node_has_are_a_wire_error_within_the_timeout_not_a_hang(on_ray):
+    gpu = on_ray(resources={"tpu": 1}, timeout=2)
+    began = time.monotonic()
+    with pytest.raises(WireError, match=r"placed no actor asking for .*'tpu': 1.* within 2 s") as caught:
+        Graph.somatize(Twice().at("gpu")).forward(1, broker={"gpu": gpu})
+    assert time.monotonic() - began < 10 and caught.value.host == "gpu"
+    assert "CPU=2" in str(caught.value)  # what the cluster does have
 
 
 def test_a_tensor_crosses_through_the_store_both_ways_and_is_its_own_to_write(shared):

@@ -69,6 +69,8 @@ class RayWorker(Worker):
                  timeout: float | None = None):
         self.mode, self.send = checked_mode(mode, send)
         self.timeout = checked_timeout(timeout)
+        # Placing an actor may wait for a node to start; a timeout said outright bounds it.
+        self.placing = _STARTUP if timeout is None else self.timeout
         self.options = _options(num_cpus, num_gpus, resources, runtime_env, max_restarts)
         self.limits = Limits()
         self.token = self.tls = None
@@ -87,7 +89,7 @@ class RayWorker(Worker):
                 raise WireError(f"host {host!r}: its Ray worker was closed", host=host)
             if self._actor is None:
                 actor = _actor_class().options(**self.options).remote()
-                wait = max(_STARTUP, self.timeout)
+                wait = self.placing
                 try:
                     said = ray.get(actor.ready.remote(), timeout=wait)
                 except ray.exceptions.GetTimeoutError:
@@ -258,7 +260,7 @@ class RayLink(Link):
 
     def _back(self, host: str, actor: Any, error: WireError) -> None:
         """Waits for Ray to have restarted the actor; ``error`` if it does not."""
-        deadline = time.monotonic() + max(_STARTUP, self.worker.timeout)
+        deadline = time.monotonic() + self.worker.placing
         while time.monotonic() < deadline and not self.worker.closed:
             try:
                 ray.get(actor.ready.remote(), timeout=max(0.0, deadline - time.monotonic()))

@@ -195,8 +195,10 @@ class Worker:
                max_restarts: int = 3, timeout: float | None = None) -> Worker:
         """A worker that is a Ray actor, placed by the cluster where these resources
         are (``num_gpus=1``); ``runtime_env`` is handed to Ray as it is. It connects
-        to the cluster ``ray.init`` did, or starts a local one. Needs the ``ray``
-        extra: ``pip install 'somatize[ray]'``."""
+        to the cluster ``ray.init`` did, or starts a local one. ``timeout`` bounds how
+        long the cluster may take to place the actor (by default a minute: a node may
+        be starting); Ray restarts an actor that died up to ``max_restarts`` times.
+        Needs the ``ray`` extra: ``pip install 'somatize[ray]'``."""
         make = _places.get("ray")
         if make is None:  # somatize.ray fills it as the wire loads; only a broken install lacks it
             raise DeclarationError("Worker.on_ray needs the somatize.ray module, which this "
