@@ -9,10 +9,13 @@ torch needs to own writable memory, where they arrive.
 
 from __future__ import annotations
 
+import mmap
 import pickle
 from typing import Any
 
 __all__ = ["joined", "outgoing", "size"]
+
+_LARGE = 1 << 20  # past this, the block a buffer is joined into is mapped, not zeroed
 
 
 def outgoing(buffers: list[Any]) -> list[Any]:
@@ -34,7 +37,10 @@ def joined(buffers: Any) -> list[Any]:
     out = []
     for buffer in buffers:
         if type(buffer) is tuple:
-            whole = bytearray(sum(memoryview(p).nbytes for p in buffer))
+            total = sum(memoryview(p).nbytes for p in buffer)
+            # bytearray(n) writes n zeros before we write n bytes; an anonymous map's
+            # pages come from the kernel as they are first written, once.
+            whole: Any = mmap.mmap(-1, total) if total >= _LARGE else bytearray(total)
             at = 0
             for piece in buffer:
                 view = memoryview(piece).cast("B")
