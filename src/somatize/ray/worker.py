@@ -28,6 +28,7 @@ from .buffers import joined, outgoing, size
 
 __all__ = ["RayWorker"]
 
+_PUT = 1 << 16  # buffers this large are put in the store before the call, not inside it
 _STARTUP = 60.0  # how long the cluster may take to place an actor (a node may be starting)
 _GONE = (ray.exceptions.RayActorError, ray.exceptions.TaskCancelledError,
          ray.exceptions.ObjectLostError, ray.exceptions.OwnerDiedError)
@@ -194,7 +195,7 @@ class RayLink(Link):
         with self.lock:
             actor = self.worker.actor(host)
             began = time.perf_counter_ns()
-            pieces = [ray.put(b) if size([b]) >= 1 << 16 else b for b in outgoing(buffers)]
+            pieces = [ray.put(b) if size([b]) >= _PUT else b for b in outgoing(buffers)]
             took_sent = (time.perf_counter_ns() - began) // 1000
             for attempt in (0, 1):
                 try:
