@@ -375,3 +375,30 @@ def test_a_client_preempted_under_submitit_is_requeued_and_goes_on(tmp_path):
     ended = store.recall("fed/demo/final/0")
     again = Store(tmp_path / "t").recall("fed/demo/final/0")
     assert all(torch.equal(ended[n][k], again[n][k]) for n in ended for k in ended[n])
+
+
+class Crash(Exception):
+    pass
+
+
+def test_a_shuffling_dataloader_with_its_own_generator_resumes_mid_epoch(tmp_path):
+    from torch.utils.data import DataLoader, TensorDataset
+
+    rows = batches(1, rows=24)[0]
+    loader = lambda: DataLoader(TensorDataset(*rows), batch_size=6, shuffle=True,  # noqa: E731
+                                generator=torch.Generator().manual_seed(5))
+    t, _ = adam_trainer()
+    whole = t.fit(loader(), epochs=3).history  # 4 batches an epoch, 12 steps
+
+    def crash(fact):
+        if fact["fact"] == "loss" and crash.seen == 6:
+            raise Crash("the machine went away")
+        crash.seen += fact["fact"] == "loss"
+    crash.seen = 0
+    u, _ = adam_trainer(watching=crash)
+    with pytest.raises(Crash):
+        u.fit(loader(), epochs=3, checkpoint=(tmp_path, "ck"), checkpoint_every=5)
+    v, _ = adam_trainer()
+    assert v.resume(tmp_path, "ck") == 5  # in the second epoch, its first batch taken
+    assert v.fit(loader(), epochs=3).history == whole[5:]  # the order drawn as it was
+    assert same(v.export(), t.export())

@@ -20,7 +20,7 @@ import sys
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -214,9 +214,11 @@ class Trainer:
         ``checkpoint=(store, name)`` keeps a checkpoint under ``name`` every
         ``checkpoint_every`` steps and at the end, each written on a thread while the
         next steps go on (its snapshot is taken between two steps). After ``resume``,
-        the steps already taken are skipped by position (whole epochs without walking
-        them), so the same call goes on where the run stopped; ``data`` must give the
-        same batches in the same order again. The Result holds the steps this call took.
+        the steps already taken are skipped by position — their batches drawn and
+        dropped, a list's whole epochs not even walked — so the same call goes on where
+        the run stopped; ``data`` must give the same batches in the same order again (a
+        shuffling DataLoader needs a generator of its own). The Result holds the steps
+        this call took.
         """
         epochs = whole_number(epochs, "epochs", of="fit()")
         keeper = kept_by(checkpoint, checkpoint_every)
@@ -233,7 +235,10 @@ class Trainer:
                 "epoch with a fresh one"
             )
         history: list[float] = []
-        length, resumed = _length(data, 1), self._skip > 0
+        # Only a sequence can have an epoch skipped without walking it: anything else
+        # (a DataLoader) may draw its order as it is walked, so its batches are drawn.
+        length = _length(data, 1) if isinstance(data, Sequence) else None
+        resumed = self._skip > 0
         bar = _progress(_length(data, epochs))
         try:
             for epoch in range(epochs):
@@ -256,8 +261,8 @@ class Trainer:
         return Result(history)
 
     def _untaken(self, batches: Iterable[Any], length: int | None, bar: Any) -> Iterable[Any]:
-        """The batches of one epoch that a resumed run has not taken yet; an epoch it
-        took whole is not walked at all."""
+        """The batches of one epoch that a resumed run has not taken yet; those it took
+        are drawn and dropped, except that a whole epoch of a sequence is not walked."""
         if length is not None and self._skip >= length > 0:
             self._skip -= length
             if bar is not None:
