@@ -24,14 +24,14 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
-from somatize import Broker, Graph, Worker  # noqa: E402
+from somatize import Broker, Worker  # noqa: E402
 from somatize.store import Store  # noqa: E402
 from somatize.torch import Split, Trainer, parameters  # noqa: E402
 from somatize._codec import dumps  # noqa: E402
 from somatize.torch._checkpoint import Keeper, gather  # noqa: E402
 
 from _bench import best, cycled, median
-from split import Dense, batch, model
+from split import batch, model
 
 QUICK = "--quick" in sys.argv
 STEPS = 20 if QUICK else 60

@@ -36,7 +36,7 @@ from .._errors import DeclarationError, NodeError, StoreError, whole_number
 from .._graph import Graph
 from .._remember import open_store
 from ..store._store import check_name
-from ._random import HERE, check_random, on_host, random_state, seeded, set_random, where
+from ._random import HERE, check_random, on_host, random_state, seeded, set_random
 from ._weights import checked_node, checked_weights, copy_weights, weights_of
 
 __all__ = ["Keeper", "RESTORE", "STATE", "Run", "answer", "keep", "learning_state",
