@@ -100,9 +100,14 @@ class RandomState(Node):
         return True
 
 
+_GRAPHS: dict[str, Graph] = {}  # one per host, so a worker is told about it once
+
+
 def on_host(host: str, broker: Any, message: Any) -> Any:
     """What ``RandomState`` answers ``message`` (None: asked for the state) on ``host``."""
-    graph = Graph.somatize(RandomState().named("random").at(host))
+    graph = _GRAPHS.get(host)
+    if graph is None:
+        graph = _GRAPHS[host] = Graph.somatize(RandomState().named("random").at(host))
     try:
         return execute(graph, message, broker=broker)
     except NodeError as exc:
