@@ -18,6 +18,10 @@ On a cluster the one line that changes is the executor's (see ``executor``):
 ``submitit.LocalExecutor(folder=...)`` becomes ``submitit.AutoExecutor(folder=...,
 cluster="slurm")``, which ``--via slurm`` picks. The store then has to be one every
 node reaches: ``--store`` on a shared filesystem, or ``--endpoint``/``--bucket``.
+
+Every client keeps a checkpoint in the store after each round. ``--resume`` (with the
+same ``--run``) has each client take its checkpoint up and go on from the next round;
+a Slurm job that is preempted is requeued by submitit as the same client resuming.
 """
 
 from __future__ import annotations
@@ -75,16 +79,26 @@ def shard(mine: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def client(store: Store, mine: int, clients: int, rounds: int, steps: int, run: str,
-           seed: int, asking: float) -> dict:
-    """One client: trains on its shard, and averages with the others every round."""
+           seed: int, asking: float, resume: bool = False) -> dict:
+    """One client: trains on its shard, and averages with the others every round.
+
+    After each round it keeps a checkpoint of itself in the store; with ``resume`` a
+    client that finds one takes it up and goes on from the next round (its batch
+    sampler, which is its own, walked past the steps already taken)."""
     torch.manual_seed(seed)  # every client starts from the same weights, as FedAvg does
     g = Graph.somatize(Body().named("body") >> Head().named("head"))
     trainer = Trainer(g, objective=torch.nn.functional.mse_loss,
                       optimizer=torch.optim.SGD(parameters(g), lr=0.1))
     x, y = shard(mine, seed)
     order = torch.Generator().manual_seed(seed + mine)
-    losses = []
-    for round in range(rounds):
+    losses, done, kept = [], 0, f"fed/{run}/checkpoint/{mine}"
+    if resume and store.resolve(kept) is not None:
+        done = trainer.resume(store, kept) // steps  # rounds this client had finished
+        for _ in range(done * steps):
+            torch.randint(len(x), (BATCH,), generator=order)
+        losses = store.recall(f"fed/{run}/losses/{mine}")[:done]
+        print(f"client {mine} resumed after round {done - 1}", flush=True)
+    for round in range(done, rounds):
         taken = []
         for _ in range(steps):
             rows = torch.randint(len(x), (BATCH,), generator=order)
@@ -93,6 +107,8 @@ def client(store: Store, mine: int, clients: int, rounds: int, steps: int, run: 
                          mine=mine, size=len(x), asking=asking)
         trainer.load(average)
         losses.append(sum(taken) / len(taken))
+        store.keep(f"fed/{run}/losses/{mine}", losses)  # first: a checkpoint finds them
+        trainer.checkpoint(store, kept)  # a restarted client goes on from here
     store.keep(f"fed/{run}/final/{mine}", trainer.export(), {"client": mine})
     return {"client": mine, "size": len(x), "losses": losses}
 
@@ -110,6 +126,19 @@ def executor(via: str, folder: str, partition: str | None):
     return runs_them
 
 
+class Requeued:
+    """A client as submitit runs it: preempted or out of time on Slurm, submitit asks
+    ``checkpoint`` what to requeue, and the answer is the same client told to resume."""
+
+    def __call__(self, *job):
+        return client(*job)
+
+    def checkpoint(self, *job):
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(self, *job[:-1], True)  # resume=True
+
+
 def run_clients(via: str, jobs: list[tuple], folder: str, partition: str | None) -> list[dict]:
     """Starts every client at once (they wait for each other) and collects what they say."""
     if via == "processes":
@@ -118,7 +147,7 @@ def run_clients(via: str, jobs: list[tuple], folder: str, partition: str | None)
             return pool.starmap(client, jobs)
     if via == "ray":
         return on_ray(jobs, folder)
-    submitted = [executor(via, folder, partition).submit(client, *job) for job in jobs]
+    submitted = [executor(via, folder, partition).submit(Requeued(), *job) for job in jobs]
     return [job.result() for job in submitted]
 
 
@@ -156,8 +185,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     run = args.run or time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
     print(f"{args.clients} clients x {args.rounds} rounds via {args.via}, run {run!r} in "
           f"{store.where}")
-    jobs = [(store, k, args.clients, args.rounds, args.steps, run, args.seed, args.asking)
-            for k in range(args.clients)]
+    if args.resume and not args.run:
+        parser.error("--resume goes on with a run already started: name it with --run")
+    jobs = [(store, k, args.clients, args.rounds, args.steps, run, args.seed, args.asking,
+             args.resume) for k in range(args.clients)]
     logs = args.logs or os.path.join(tempfile.gettempdir(), "federated-submitit")
     said = run_clients(args.via, jobs, args.ray_address if args.via == "ray" else logs,
                        args.partition)
@@ -194,6 +225,9 @@ def arguments() -> argparse.ArgumentParser:
                         help="seconds between looks at the store")
     parser.add_argument("--logs", help="submitit's folder for its logs and pickles")
     parser.add_argument("--partition", help="the Slurm partition, with --via slurm")
+    parser.add_argument("--resume", action="store_true",
+                        help="take up each client's checkpoint of run --run, if it has one, "
+                             "and go on from the round after it")
     return parser
 
 

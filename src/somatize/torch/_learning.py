@@ -27,6 +27,7 @@ import torch
 
 from .._errors import OutOfStep, whole_number
 from .._node import Ctx, Node, Opaque
+from ._checkpoint import RESTORE, STATE, answer, learning_state, restore_learning
 from ._weights import checked_node, copy_weights, weights_of
 
 __all__ = ["Enters", "Learning", "Split", "carries", "envelope", "gradient", "is_envelope"]
@@ -190,6 +191,16 @@ class Learning(Node):
         self._held = self._given = None
         return given
 
+    def state(self) -> dict[str, Any]:
+        """Its own state, to be kept: its optimizer's (None until built), and where its
+        group stands. Not its node's weights, which are the node's."""
+        return learning_state(self)
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Takes what ``state()`` answered, checked first: nothing changes if it is
+        refused (another technique, another optimizer layout, a group too far along)."""
+        restore_learning(self, state)
+
     # -- the two positions ------------------------------------------------------------
     def entering(self, value: Any, ctx: Ctx) -> Any:
         """In front of the node: the input as a leaf, remembered. Walked back, what
@@ -222,6 +233,8 @@ class Learning(Node):
             if not asked["check"]:
                 copy_weights([plan])
             return {LOADING: True}
+        if type(value) is dict and (STATE in value or RESTORE in value):
+            return answer(self, value)  # a checkpoint kept, or taken up
         self._held = value
         if self._audit is not None:
             self._audit.saw(value)

@@ -20,7 +20,7 @@ import sys
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,8 +38,10 @@ from .._errors import (
 from .._graph import Graph, describe
 from .._node import Opaque
 from .._remember import changing_above, open_store
+from ..store._store import check_name
 from .._slices import backend_of
 from ._audit import audit_for
+from ._checkpoint import Run, keep, kept_by, seed_all, take_up
 from ._learning import Learning
 from ._staged import StagedDriver
 from ._tensors import tensors_in
@@ -133,6 +135,7 @@ class Trainer:
         self._taken = 0  # steps in the group that is open; 0 means none is
         self._described = False  # whether the watchers were told what the graph is
         self._steps = 0  # steps taken, over the Trainer's life
+        self._skip = 0  # steps a resumed run took already, which fit() walks past
         self._checked = False
         self._audit = audit
         if audit is not None and self._staged is not None:
@@ -199,15 +202,26 @@ class Trainer:
         self._close()
         return True
 
-    def fit(self, data: Iterable[Any], epochs: int = 1) -> Result:
+    def fit(self, data: Iterable[Any], epochs: int = 1, *, checkpoint: Any = None,
+            checkpoint_every: int | None = None) -> Result:
         """One step per batch of ``data``, for ``epochs`` passes, then ``update()``.
 
         ``data`` is walked once per epoch, so with more than one it has to be walkable
         again: an iterator (a generator) is refused before the first step, because its
         second epoch would silently be empty. Shows a progress bar with the loss on a
         terminal or in a notebook, and nothing otherwise.
+
+        ``checkpoint=(store, name)`` keeps a checkpoint under ``name`` every
+        ``checkpoint_every`` steps and at the end, each written on a thread while the
+        next steps go on (its snapshot is taken between two steps). After ``resume``,
+        the steps already taken are skipped by position — their batches drawn and
+        dropped, a list's whole epochs not even walked — so the same call goes on where
+        the run stopped; ``data`` must give the same batches in the same order again (a
+        shuffling DataLoader needs a generator of its own). The Result holds the steps
+        this call took.
         """
         epochs = whole_number(epochs, "epochs", of="fit()")
+        keeper = kept_by(checkpoint, checkpoint_every)
         try:
             walked = iter(data)
         except TypeError:
@@ -221,19 +235,84 @@ class Trainer:
                 "epoch with a fresh one"
             )
         history: list[float] = []
+        # Only a sequence can have an epoch skipped without walking it: anything else
+        # (a DataLoader) may draw its order as it is walked, so its batches are drawn.
+        length = _length(data, 1) if isinstance(data, Sequence) else None
+        resumed = self._skip > 0
         bar = _progress(_length(data, epochs))
         try:
             for epoch in range(epochs):
-                for batch in (walked if epoch == 0 else data):
+                for batch in self._untaken(walked if epoch == 0 else data, length, bar):
                     history.append(self.step(batch))
+                    if keeper is not None:
+                        keeper.stepped(self._steps, self._run)
                     if bar is not None:
                         bar.set_postfix(loss=f"{history[-1]:.4g}", refresh=False)
                         bar.update()
-            self.update()
+            if history or not resumed:  # a run whose steps were all taken ended before
+                updated = self.update()
+                if keeper is not None:
+                    keeper.ended(updated, self._steps, self._run)
         finally:
+            if keeper is not None:
+                keeper.join()  # whatever happened, no write goes on past fit()
             if bar is not None:
                 bar.close()
         return Result(history)
+
+    def _untaken(self, batches: Iterable[Any], length: int | None, bar: Any) -> Iterable[Any]:
+        """The batches of one epoch that a resumed run has not taken yet; those it took
+        are drawn and dropped, except that a whole epoch of a sequence is not walked."""
+        if length is not None and self._skip >= length > 0:
+            self._skip -= length
+            if bar is not None:
+                bar.update(length)
+            return
+        for batch in batches:
+            if not self._skip:
+                yield batch
+                continue
+            self._skip -= 1
+            if bar is not None:
+                bar.update()
+
+    # -- a run kept, and taken up again -------------------------------------------------
+    def checkpoint(self, store: Any, name: str) -> str:
+        """Keeps everything this run needs to go on as if nothing happened under
+        ``name`` in ``store``, and answers its digest: every node's weights (those
+        trained on a worker asked there), the optimizers' state (this one's and each
+        trainer's, wherever it runs), the steps taken and where the open group stands,
+        and the random state of every machine. Whole or absent: the name is bound last.
+        """
+        return keep(open_store(store), check_name(name), self._run())
+
+    def resume(self, store: Any, name: str) -> int:
+        """Takes up the checkpoint kept under ``name``, here and on every worker, and
+        answers the steps it had taken; the next ``fit`` skips that many batches (a
+        loop of one's own skips by the number answered).
+
+        All or nothing: every part is read and checked, here and by each trainer where
+        it runs, before anything is copied. A checkpoint of another graph, another
+        optimizer layout or another set of trained nodes is refused, naming the
+        difference, and leaves this run as it was."""
+        counters = take_up(open_store(store), check_name(name), self._run())
+        self._steps, self._taken = counters["steps"], counters["taken"]
+        if counters["checked"]:  # the first update's checks were made in the kept run
+            self._checked, self._unheld = True, {}
+        self._skip = self._steps
+        return self._steps
+
+    def seed(self, seed: int) -> None:
+        """Seeds torch, Python's ``random`` and numpy here and on every host of the
+        graph (each its own seed, drawn from ``seed``): a worker's process starts from
+        a random state of its own, so a run with dropout there repeats only once it is
+        seeded."""
+        seed_all(self._run(), whole_number(seed, "seed", of="Trainer.seed()", least=0))
+
+    def _run(self) -> Run:
+        return Run(self._graph, self._optimizer, self._staged,
+                   {"steps": self._steps, "taken": self._taken, "every": self._every,
+                    "micro": self._micro, "checked": self._checked}, self._broker)
 
     # -- the four movements -------------------------------------------------------------
     def _open(self) -> None:

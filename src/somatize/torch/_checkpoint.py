@@ -1,0 +1,470 @@
+"""Checkpoints: a training run kept in the store whole, and taken up again exactly.
+
+A checkpoint is a handful of objects put in the store by their content — each node's
+weights, the gradients of a group still open, the caller's optimizer state, each
+trainer's own state, the random state of every process — and one small manifest that
+names them all by digest. The name is bound to the manifest last, so a checkpoint is
+whole or absent: a process killed while writing one leaves objects nobody names, and
+the name still points at the previous checkpoint. Every object is verified against
+its digest when read.
+
+Taking one up is all or nothing: every part is read, and checked here and by each
+trainer on a worker, before anything is copied anywhere. What a checkpoint does not
+hold is the data loader's own state (where a shuffle stands, its workers): ``fit``
+skips the steps already taken by position, so a loader has to give the same batches
+in the same order when walked again (a seeded generator of its own).
+
+A trainer on another machine is reached by the channel there is: a message walked
+back to it like a gradient (``STATE``, ``RESTORE``); a host's random state by a
+one-node graph placed on that host (``somatize.torch._random``).
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+import zlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .._codec import dumps, loads
+from .._engine import execute
+from .._errors import DeclarationError, NodeError, StoreError, whole_number
+from .._graph import Graph
+from .._remember import open_store
+from ..store._store import check_name
+from ._random import HERE, check_random, on_host, random_state, seeded, set_random
+from ._weights import checked_node, checked_weights, copy_weights, weights_of
+
+__all__ = ["Keeper", "RESTORE", "STATE", "Run", "answer", "keep", "learning_state",
+           "restore_learning",
+           "seed_all", "take_up"]
+
+FORMAT = "somatize.checkpoint/1"
+STATE = "__soma_state__"  # walked back to a trainer: answer its node's weights and its state
+RESTORE = "__soma_restore__"  # walked back to a trainer: check (and take) these
+
+
+@dataclass
+class Run:
+    """What a Trainer hands over to be kept, or taken up: its graph, its optimizer, the
+    driver of its trained nodes (or None), its counters, and its broker."""
+
+    graph: Graph
+    optimizer: Any
+    driver: Any
+    counters: dict[str, Any]
+    broker: Any = None
+
+
+# -- optimizers ---------------------------------------------------------------------------
+def optimizer_state(optimizer: Any) -> dict[str, Any] | None:
+    """An optimizer's state as data the store can keep: detached copies, str keys."""
+    if optimizer is None:
+        return None
+    said = optimizer.state_dict()
+    state = {str(k): {key: _copied(v) for key, v in entry.items()}
+             for k, entry in said["state"].items()}
+    return {"type": type(optimizer).__qualname__, "state": state,
+            "param_groups": [dict(group) for group in said["param_groups"]]}
+
+
+def _copied(value: Any) -> Any:
+    return value.detach().clone() if isinstance(value, torch.Tensor) else value
+
+
+def layout(optimizer: Any, name_of: Mapping[int, str]) -> list[list[str]]:
+    """Which weights each group of ``optimizer`` holds, by name (``node/key``)."""
+    if optimizer is None:
+        return []
+    return [[name_of.get(id(p), f"a parameter of no node, {tuple(p.shape)}")
+             for p in group["params"]] for group in optimizer.param_groups]
+
+
+def _check_optimizer(optimizer: Any, saved: Any, kept: list, here: list, whose: str) -> None:
+    """Refuses an optimizer state that another layout of optimizer left."""
+    if saved is None:
+        return
+    if optimizer is None:
+        raise DeclarationError(f"the checkpoint holds {whose} optimizer's state ({saved['type']}) "
+                               "and this run has no optimizer; build the run as it was")
+    if saved["type"] != type(optimizer).__qualname__:
+        raise DeclarationError(
+            f"the checkpoint holds the state of {whose} optimizer as a {saved['type']}, and "
+            f"this run's is a {type(optimizer).__qualname__}; build the same optimizer")
+    if len(kept) != len(here):
+        raise DeclarationError(
+            f"{whose} optimizer had {len(kept)} parameter group(s) when the checkpoint was "
+            f"kept and has {len(here)} now; build its groups as they were")
+    for at, (then, now) in enumerate(zip(kept, here)):
+        if then != now:
+            gone = [n for n in then if n not in now][:3]
+            new = [n for n in now if n not in then][:3]
+            said = (f"holds {', '.join(gone)} no more" if gone else "") + \
+                (" and " if gone and new else "") + (f"now holds {', '.join(new)}" if new else "")
+            raise DeclarationError(
+                f"{whose} optimizer's group {at} {said or 'holds its weights in another order'} "
+                "compared with the checkpoint; build the optimizer over the same parameters")
+
+
+def _load_optimizer(optimizer: Any, saved: Any) -> None:
+    if optimizer is None or saved is None:
+        return
+    optimizer.load_state_dict({"state": {int(k): v for k, v in saved["state"].items()},
+                               "param_groups": saved["param_groups"]})
+
+
+# -- a Learning's own state ------------------------------------------------------------
+def learning_state(learning: Any) -> dict[str, Any]:
+    """A Learning's own state: its optimizer's (None until it is built) and where its
+    group stands."""
+    built = learning._built
+    return {"type": type(learning).__qualname__, "every": learning._every,
+            "taken": learning._taken, "piece": learning._piece,
+            "optimizer": optimizer_state(built),
+            "layout": layout(built, _names(learning._node)) if built is not None else []}
+
+
+def checked_learning(learning: Any, state: Any) -> None:
+    """Refuses a Learning's state that a Learning of another kind or layout left."""
+    if not isinstance(state, Mapping) or "taken" not in state:
+        raise TypeError(f"{type(learning).__qualname__}.restore() takes what state() answered, "
+                        f"not a {type(state).__qualname__}")
+    if state["type"] != type(learning).__qualname__:
+        raise DeclarationError(f"the state given was a {state['type']}'s and this is a "
+                               f"{type(learning).__qualname__}; train the node the same way")
+    every = learning._every or 1
+    if state["taken"] >= every:
+        raise DeclarationError(
+            f"the state given is {state['taken']} steps into a group and this "
+            f"{type(learning).__qualname__} makes one update every {every}; restore it with "
+            "the every= it was kept with")
+    if state["optimizer"] is not None:  # compared with one built over what is here
+        built = learning._built or learning._factory(learning.training())
+        _check_optimizer(built, state["optimizer"], state["layout"],
+                         layout(built, _names(learning._node)),
+                         f"the {type(learning).__qualname__}'s")
+
+
+def restore_learning(learning: Any, state: Any) -> None:
+    """Checks a Learning's state against it, then takes it; nothing changes if refused."""
+    checked_learning(learning, state)
+    if state["optimizer"] is None:
+        learning._built = None  # built afresh at first use, as it was then
+    else:
+        _load_optimizer(learning.optimizer, state["optimizer"])
+    learning._taken, learning._piece = state["taken"], state["piece"]
+
+
+def answer(learning: Any, message: dict[str, Any]) -> dict[str, Any]:
+    """What a trainer answers a checkpoint's message, where it runs."""
+    node = learning._node
+    if STATE in message:
+        return {STATE: {"weights": {k: _copied(v) for k, v in weights_of(node).items()},
+                        "grads": _grads(node) if learning._taken else {},
+                        "learning": learning_state(learning)}}
+    asked = message[RESTORE]
+    plan = checked_node(node, asked["node"], asked["weights"])
+    checked_learning(learning, asked["learning"])
+    if not asked["check"]:
+        copy_weights([plan])
+        _set_grads(node, asked["grads"])
+        restore_learning(learning, asked["learning"])
+    return {RESTORE: True}
+
+
+def _names(node: Any, prefix: str = "") -> dict[int, str]:
+    return {id(v): prefix + k for k, v in weights_of(node).items() if isinstance(v, torch.Tensor)}
+
+
+def _grads(node: Any) -> dict[str, torch.Tensor]:
+    """The gradients a group still open has accumulated in a node, by weight name."""
+    return {k: v.grad.detach().clone() for k, v in weights_of(node).items()
+            if isinstance(v, torch.Tensor) and v.grad is not None}
+
+
+def _set_grads(node: Any, grads: Mapping[str, Any]) -> None:
+    live = weights_of(node)
+    for key, value in live.items():
+        if isinstance(value, torch.Tensor) and value.requires_grad:
+            value.grad = None
+    for key, grad in grads.items():
+        live[key].grad = grad.to(live[key].device, live[key].dtype).clone()
+
+
+def seed_all(run: Run, seed: int) -> None:
+    """Seeds this process and every host the graph runs on, each with its own seed
+    (drawn from ``seed`` and the host's name), so that a fresh worker's random state
+    is not whatever its process started with."""
+    for host in sorted(set(run.graph.hosts().values())):
+        on_host(host, run.broker, {"seed": (seed + zlib.crc32(host.encode())) % 2**63})
+    seeded(seed)
+
+
+# -- what a run is, to be compared ------------------------------------------------------
+def identity(run: Run) -> dict[str, Any]:
+    """What a checkpoint must agree with to be taken up: the graph's nodes, edges and
+    implementations, what is frozen and at which state, and what trains where.
+
+    An implementation is its class's name without its module: the same script is
+    ``__main__`` when run, ``__mp_main__`` in a spawned process and its file's name
+    when imported, and the weights' keys and shapes are checked anyway."""
+    g = run.graph
+    trains = run.driver.trains if run.driver is not None else {}
+    return {"nodes": list(g.nodes()), "edges": [list(e) for e in g.edges()],
+            "identities": {n: type(g.implementation(n)).__qualname__ for n in g.nodes()},
+            "frozen": dict(g.frozen()),
+            "trained": {n: type(t).__qualname__ for n, t in trains.items()}}
+
+
+def _compare(kept: Mapping[str, Any], here: Mapping[str, Any]) -> None:
+    """Refuses a checkpoint of another graph or another set of trained nodes, naming
+    the first difference found."""
+    for what, words in (("nodes", "nodes"), ("trained", "trained nodes")):
+        gone = [n for n in kept[what] if n not in here[what]]
+        new = [n for n in here[what] if n not in kept[what]]
+        if gone or new:
+            said = "; ".join(([f"it has {_listed(gone)}, which this run has not"] if gone else [])
+                             + ([f"this run has {_listed(new)}, which it has not"] if new else []))
+            raise DeclarationError(f"this checkpoint is of another set of {words}: {said}; "
+                                   "resume it into the run it was kept from")
+    for n, kind in kept["trained"].items():
+        if here["trained"][n] != kind:
+            raise DeclarationError(f"node {n!r} was trained by a {kind} when the checkpoint was "
+                                   f"kept and by a {here['trained'][n]} now")
+    edges = {tuple(e) for e in here["edges"]}
+    for a, b in map(tuple, kept["edges"]):
+        if (a, b) not in edges:
+            raise DeclarationError(f"this checkpoint is of another graph: it has the edge "
+                                   f"{a!r} -> {b!r}, which this graph has not")
+    if len(edges) != len(kept["edges"]):
+        extra = sorted(edges - {tuple(e) for e in kept["edges"]})[0]
+        raise DeclarationError(f"this checkpoint is of another graph: this one has the edge "
+                               f"{extra[0]!r} -> {extra[1]!r}, which it has not")
+    for n, impl in kept["identities"].items():
+        if here["identities"][n] != impl:
+            raise DeclarationError(f"this checkpoint is of another graph: node {n!r} was a "
+                                   f"{impl} and is a {here['identities'][n]} here")
+    if kept["frozen"] != here["frozen"]:
+        n = next(n for n in {*kept["frozen"], *here["frozen"]}
+                 if kept["frozen"].get(n, "-") != here["frozen"].get(n, "-"))
+        raise DeclarationError(f"node {n!r} is frozen differently than when the checkpoint was "
+                               "kept (another state, or frozen in only one of the two)")
+
+
+def _listed(ids: list[str]) -> str:
+    return ", ".join(map(repr, ids[:5])) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
+
+
+# -- keeping one ---------------------------------------------------------------------------
+def _far(run: Run) -> dict[str, str | None]:
+    """Every trained node and its host (None: here)."""
+    if run.driver is None:
+        return {}
+    hosts = run.graph.hosts()
+    return {n: hosts.get(n) for n in run.driver.trains}
+
+
+def _message(run: Run, node: str, message: dict[str, Any]) -> Any:
+    driver = run.driver
+    try:
+        said = execute(driver.private, nodes=[node], given={node: message}, want=[node],
+                       transposed=True, broker=driver.broker)
+    except NodeError as exc:
+        cause = exc.__cause__
+        if not isinstance(cause, (DeclarationError, TypeError)):
+            raise
+        raise DeclarationError(f"{cause} (checked by the trainer of {node!r} on host "
+                               f"{exc.host!r}); nothing was resumed, here or there") from exc
+    return said[node]
+
+
+def _names_of(graph: Graph) -> dict[int, str]:
+    return {k: v for n in graph.nodes()
+            for k, v in _names(graph.implementation(n), n + "/").items()}
+
+
+def gather(run: Run) -> dict[str, Any]:
+    """Everything a checkpoint holds, as values (no store yet); see the module's docstring."""
+    far = _far(run)
+    trainers = {n: _message(run, n, {STATE: True})[STATE] for n in far}
+    hosts = sorted(set(run.graph.hosts().values()))
+    randoms = {h: on_host(h, run.broker, None) for h in hosts}
+    g, frozen = run.graph, run.graph.frozen()
+    weights, grads = {}, {}
+    for n in g.nodes():
+        if n in frozen or (n in far and far[n] is not None):
+            continue  # frozen: never changes; trained on a worker: its copy here is stale
+        node = g.implementation(n)
+        live = weights_of(node, n)
+        if live:
+            weights[n] = {k: _copied(v) for k, v in live.items()}
+            if run.counters["taken"]:
+                grads[n] = _grads(node)
+    randoms[HERE] = random_state()  # last, after the messages that cannot use it
+    return {"identity": identity(run), "counters": dict(run.counters), "weights": weights,
+            "grads": grads, "optimizer": optimizer_state(run.optimizer),
+            "layout": layout(run.optimizer, _names_of(g)), "trainers": trainers,
+            "random": randoms}
+
+
+def written(store: Any, name: str, parts: dict[str, Any]) -> str:
+    """Writes what ``gather`` answered: the parts of this process in one object, each
+    trainer's in one of its own, then the manifest naming them (with the counters and
+    the random states, which are small), and binds ``name`` to it last."""
+    put = lambda value: store.put(dumps(value))  # noqa: E731
+    here = {k: parts[k] for k in ("weights", "grads", "optimizer")}
+    manifest = {k: parts[k] for k in ("identity", "counters", "layout", "random")}
+    manifest.update(format=FORMAT, here=put(here),
+                    trainers={n: put(t) for n, t in parts["trainers"].items()})
+    digest = put(manifest)
+    store.bind(name, digest, {"checkpoint": FORMAT, "steps": parts["counters"]["steps"]})
+    return digest
+
+
+def keep(store: Any, name: str, run: Run) -> str:
+    """Keeps a checkpoint of ``run`` under ``name``; answers the manifest's digest."""
+    return written(store, name, gather(run))
+
+
+class Keeper:
+    """Keeps ``fit``'s checkpoints under ``name``: every ``every`` steps (None: only at
+    the end), one at a time, the writing on a thread of its own.
+
+    The snapshot (``gather``: copies of every tensor, asked of every worker) is taken on
+    the caller's thread, between two steps, so it is exactly that step's; only the
+    encoding, hashing and writing overlap the next steps. A checkpoint due while the
+    last one is still being written waits for it, so they are bound in order; what
+    went wrong writing one is raised at the next, or at the end."""
+
+    def __init__(self, store: Any, name: str, every: int | None):
+        self.store, self.name, self.every = store, name, every
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._kept_at: int | None = None
+        self.digest: str | None = None
+
+    def stepped(self, steps: int, run: Callable[[], Run]) -> None:
+        """After a step: keeps one if it is due."""
+        if self.every and steps % self.every == 0:
+            self.keep(run())
+            self._kept_at = steps
+
+    def ended(self, updated: bool, steps: int, run: Callable[[], Run]) -> str | None:
+        """At the end of ``fit``: keeps the last one (unless the last step's is it) and
+        waits for it to be written."""
+        if updated or self._kept_at != steps:
+            self.keep(run())
+        return self.wait()
+
+    def keep(self, run: Run) -> None:
+        self.wait()
+        parts = gather(run)
+        self._thread = threading.Thread(target=self._write, args=(parts,),
+                                        name="somatize-checkpoint", daemon=True)
+        self._thread.start()
+
+    def _write(self, parts: dict[str, Any]) -> None:
+        try:
+            self.digest = written(self.store, self.name, parts)
+        except BaseException as exc:  # raised on the caller's thread, at the next call
+            self._error = exc
+
+    def wait(self) -> str | None:
+        """Waits for the checkpoint being written; answers its digest or raises why not."""
+        self.join()
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+        return self.digest
+
+    def join(self) -> None:
+        """Waits for the writing thread, raising nothing (for a ``finally``)."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+
+# -- taking one up ------------------------------------------------------------------------
+def _read(store: Any, digest: str, what: str) -> Any:
+    blob = store.get(digest)
+    if blob is None:
+        raise StoreError(f"the checkpoint's {what} ({digest}) is not in {store.where}; the "
+                         "checkpoint cannot be taken up, keep a new one")
+    return loads(blob, f"the checkpoint's {what}")
+
+
+def read(store: Any, name: str) -> dict[str, Any]:
+    """Every part of the checkpoint under ``name``, read and verified."""
+    bound = store.resolve(name)
+    if bound is None:
+        raise StoreError(f"no checkpoint is kept under {name!r} in {store.where}; keep one "
+                         "with Trainer.checkpoint(store, name) or fit(checkpoint=(store, name))")
+    manifest = _read(store, bound.digest, "manifest")
+    if type(manifest) is not dict or manifest.get("format") != FORMAT:
+        raise StoreError(f"{name!r} in {store.where} is bound to something that is not a "
+                         "checkpoint; give the name a checkpoint was kept under")
+    parts = dict(manifest)
+    parts.update(_read(store, manifest["here"], "weights and optimizer state"))
+    parts["trainers"] = {n: _read(store, d, f"state of the trainer of {n!r}")
+                         for n, d in manifest["trainers"].items()}
+    return parts
+
+
+def take_up(store: Any, name: str, run: Run) -> dict[str, Any]:
+    """Takes the checkpoint under ``name`` into ``run``, all or nothing; answers the
+    counters the Trainer sets (the one thing left to it, and nothing that can fail)."""
+    parts = read(store, name)
+    _compare(parts["identity"], identity(run))
+    counters, every = parts["counters"], run.counters["every"]
+    if counters["taken"] >= every:
+        raise DeclarationError(
+            f"the checkpoint is {counters['taken']} steps into a group and this Trainer "
+            f"updates every={every}; resume with the every= it was kept with "
+            f"({counters['every']})")
+    g = run.graph
+    _check_optimizer(run.optimizer, parts["optimizer"], parts["layout"],
+                     layout(run.optimizer, _names_of(g)), "the Trainer's")
+    plan = checked_weights(g, parts["weights"])
+    far = _far(run)
+    hosts = set(g.hosts().values())
+    for h in sorted(set(parts["random"]) - hosts - {HERE}):
+        warnings.warn(f"the checkpoint holds the random state of host {h!r}, which this graph "
+                      "does not use; it is left out, so what is random there may differ from "
+                      "the run that was kept", UserWarning, stacklevel=4)
+    randoms = {h: s for h, s in parts["random"].items() if h in hosts}
+    check_random(parts["random"][HERE], HERE)
+    for check in (True, False):  # every machine agrees before any of them copies
+        for n in far:
+            t = parts["trainers"][n]
+            _message(run, n, {RESTORE: {"node": n, "weights": t["weights"], "grads": t["grads"],
+                                        "learning": t["learning"], "check": check}})
+        for h, state in randoms.items():
+            on_host(h, run.broker, {"state": state, "host": h, "check": check})
+    copy_weights(plan)
+    for n in g.nodes():
+        if n in parts["weights"]:
+            _set_grads(g.implementation(n), parts["grads"].get(n, {}))
+    _load_optimizer(run.optimizer, parts["optimizer"])
+    set_random(parts["random"][HERE])
+    return counters
+
+
+def kept_by(checkpoint: Any, every: Any) -> Keeper | None:
+    """The Keeper of ``fit``'s ``checkpoint=(store, name)`` and ``checkpoint_every=``,
+    checked before the first step; None when no checkpoint is asked for."""
+    if checkpoint is None:
+        if every is not None:
+            raise DeclarationError("fit(checkpoint_every=...) says how often to keep a "
+                                   "checkpoint, and checkpoint= says nowhere; give "
+                                   "checkpoint=(store, 'run/ckpt') too")
+        return None
+    if not isinstance(checkpoint, (tuple, list)) or len(checkpoint) != 2:
+        raise TypeError(f"fit(checkpoint=) takes (store, name), not a "
+                        f"{type(checkpoint).__qualname__}")
+    if every is not None:
+        whole_number(every, "checkpoint_every", of="fit()")
+    return Keeper(open_store(checkpoint[0]), check_name(checkpoint[1]), every)
