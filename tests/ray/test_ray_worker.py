@@ -140,11 +140,28 @@ def test_an_actor_restarted_mid_step_is_out_of_step_not_a_wrong_answer(cluster, 
     t.step(batches(1)[0])
     x, y = batches(1, seed=5)[0]
     loss = t._loss(t._forward(x), y)  # the forward half of a step...
-    cluster.kill(gpu.actor("gpu"), no_restart=False)  # ...Ray restarts the actor...
+    actor = gpu.actor("gpu")
+    before = cluster.get(actor.ready.remote())["instance"]
+    cluster.kill(actor, no_restart=False)  # ...Ray restarts the actor...
+    restarted(cluster, actor, before)
     with pytest.raises(OutOfStep, match="activation is not here") as caught:
         t._backward(loss, 1.0)  # ...and the backward half finds nothing to learn from
     assert "gpu" in str(caught.value)
     assert t.step(batches(1, seed=6)[0]) > 0  # the next whole step is fine
+
+
+def restarted(ray, actor, before, within=60.0):
+    """Waits until Ray has put a fresh actor in the killed one's place: ray.kill only
+    asks, and a call made meanwhile may still reach the old process."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            if ray.get(actor.ready.remote(), timeout=within)["instance"] != before:
+                return
+        except ray.exceptions.RayActorError:
+            pass  # dying, or not back yet
+        time.sleep(0.05)
+    raise AssertionError(f"Ray did not restart the actor within {within} s")
 
 
 def test_what_a_ray_worker_is_asked_for_is_checked_when_declared():
