@@ -241,3 +241,13 @@ def as_value(blob: bytes) -> bytes:
     head = json.dumps({OPAQUE: _codec.KIND, "buffer": 0}).encode()
     return b"".join([MAGIC, struct.pack("<Q", len(head)), head, struct.pack("<Q", 1),
                      struct.pack("<Q", len(blob)), blob])
+
+
+def test_a_tensors_key_stays_what_it_was():
+    # computed by the encoder that fed the hash piece by piece: what stores already hold
+    from somatize._keys import digest_of
+
+    assert digest_of(torch.arange(6, dtype=torch.float32).reshape(2, 3)).hex() == \
+        "c6329697edc8adea225257979f0c3cc06ca8ce5e5fac43c6c0b006604250d79d"
+    assert digest_of({"w": torch.ones(3, dtype=torch.float64), "n": [1]}).hex() == \
+        "da6aec81f7467b0f2177211753954acae8c6bdd2ef24fae9487619dcb07c5e6c"
