@@ -254,6 +254,9 @@ class _Entry:
         self.written = False
 
 
+_Said = tuple[_Entry, int, dict[str, Any]]  # a forward, how many facts it said, its summary
+
+
 class _Book:
     """What a Recorder holds: the forwards not written yet, the last batch written, and
     the writer thread that writes them behind the run.
@@ -382,16 +385,17 @@ class _Book:
                     self._wrote(at, batch, again)
             return True
 
-    def _plan(self, everything: bool) -> list[tuple[int, list[tuple[_Entry, int]], bool]]:
-        """What to write: ``(at, [(entry, how many of its facts)], again)`` per batch."""
+    def _plan(self, everything: bool) -> list[tuple[int, list[_Said], bool]]:
+        """What to write: ``(at, [(entry, how many of its facts, its summary)], again)``
+        per batch, as the forwards are now (facts may come while they are written)."""
         going = len(self.pending)
         if not everything and going and not self.pending[-1].ready:
             going -= 1
-        fresh = [(entry, len(entry.items)) for entry in self.pending[:going]]
+        fresh = [self._said(entry) for entry in self.pending[:going]]
         plan = []
         if self.dirty:
             room = max(0, PER_OBJECT - len(self.sealed))
-            plan.append((self.sealed_at, [(entry, len(entry.items)) for entry in self.sealed]
+            plan.append((self.sealed_at, [self._said(entry) for entry in self.sealed]
                          + fresh[:room], True))
             fresh = fresh[room:]
         at = self.next
@@ -401,16 +405,19 @@ class _Book:
             fresh = fresh[PER_OBJECT:]
         return plan
 
-    def _wrote(self, at: int, batch: list[tuple[_Entry, int]], again: bool) -> None:
+    def _said(self, entry: _Entry) -> _Said:
+        return entry, len(entry.items), {name: entry.summary.get(name) for name in self.summarising}
+
+    def _wrote(self, at: int, batch: list[_Said], again: bool) -> None:
         """Takes note that ``batch`` is bound at ``at``."""
-        entries = [entry for entry, _ in batch]
+        entries = [entry for entry, _, _ in batch]
         added = len(entries) - len(self.sealed) if again else len(entries)
         del self.pending[:added]
         for entry in entries:
             entry.written = True
         self.sealed, self.sealed_at = entries, at
         self.next = max(self.next, at + len(entries))
-        last, said = batch[-1]
+        last, said, _ = batch[-1]
         self.dirty = len(last.items) > said  # it heard more while the batch was written
 
     def _refused(self, exc: OSError) -> None:
@@ -427,13 +434,9 @@ class _Book:
                 self.lost += dropped
                 del self.pending[:dropped]
 
-    def _put(self, at: int, batch: list[tuple[_Entry, int]], again: bool) -> int:
+    def _put(self, at: int, batch: list[_Said], again: bool) -> int:
         """Binds ``batch`` as the forwards from ``at``; answers where it was bound."""
-        if self.summarising:
-            each: Any = [{name: entry.summary.get(name) for name in self.summarising}
-                         for entry, _ in batch]
-        else:
-            each = len(batch)
+        each: Any = [summary for _, _, summary in batch] if self.summarising else len(batch)
         meta = {EACH: each}
         if again:
             self.store.bind(forward_name(self.run, at), self.store.put(self._body(at, batch)), meta)
@@ -445,9 +448,9 @@ class _Book:
             at = max(at + 1, next_forward(self.store, self.run))
         return at
 
-    def _body(self, at: int, batch: list[tuple[_Entry, int]]) -> bytes:
+    def _body(self, at: int, batch: list[_Said]) -> bytes:
         texts, plain = [], []
-        for entry, said in batch:
+        for entry, said, _ in batch:
             items = entry.items[:said]
             if entry.plain:
                 plain.append(items)
