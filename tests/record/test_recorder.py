@@ -456,3 +456,21 @@ def test_a_full_disk_does_not_break_training_and_recording_resumes(full_disk):
     assert last["same"] is True
     assert [index for index, _ in listed(Store(where), "full")] == list(range(10))
     assert facts(Store(where), "full", 9)[-1]["fact"] == "said last"  # written at exit
+
+
+def test_a_long_wait_is_written_as_several_batches_each_bound_once(store, monkeypatch):
+    from somatize.record import _recorder
+
+    monkeypatch.setattr(_recorder, "PER_OBJECT", 3)
+    recorder, g = Recorder(store, run="r", summarising=["loss"]), two_nodes()
+    for i in range(7):
+        g.forward(i, watching=recorder)
+        recorder({"fact": "loss", "value": float(i)})
+    recorder.flush()
+    assert [b.name for b in store.bound("run/r")] == ["run/r/0", "run/r/3", "run/r/6"]
+    assert len(objects(store)) == 3
+    assert [(i, b.meta["loss"]) for i, b in listed(store, "r")] == [(i, float(i)) for i in range(7)]
+    recorder({"fact": "note"})  # the last forward hears more: its batch is bound again
+    recorder.close()
+    assert [b.name for b in store.bound("run/r")] == ["run/r/0", "run/r/3", "run/r/6"]
+    assert facts(store, "r", 6)[-1] == {"fact": "note"}

@@ -373,21 +373,19 @@ class _Book:
         with self.writing:
             with self.lock:
                 plan = self._plan(everything)
-            if not plan:
-                return True
-            try:
-                written = [(self._put(at, batch, again), batch, again) for at, batch, again in plan]
-            except OSError as exc:  # every StoreError is one
-                self._refused(exc)
-                return False
-            with self.lock:
-                for at, batch, again in written:
+            for again, batch in plan:
+                try:  # a new batch goes after the last one bound, wherever that landed
+                    at = self._put(self.sealed_at if again else self.next, batch, again)
+                except OSError as exc:  # every StoreError is one
+                    self._refused(exc)
+                    return False
+                with self.lock:  # noted at once: a batch bound is never bound twice
                     self._wrote(at, batch, again)
             return True
 
-    def _plan(self, everything: bool) -> list[tuple[int, list[_Said], bool]]:
-        """What to write: ``(at, [(entry, how many of its facts, its summary)], again)``
-        per batch, as the forwards are now (facts may come while they are written)."""
+    def _plan(self, everything: bool) -> list[tuple[bool, list[_Said]]]:
+        """What to write: ``(again, [(entry, how many of its facts, its summary)])`` per
+        batch, as the forwards are now (facts may come while they are written)."""
         going = len(self.pending)
         if not everything and going and not self.pending[-1].ready:
             going -= 1
@@ -395,13 +393,10 @@ class _Book:
         plan = []
         if self.dirty:
             room = max(0, PER_OBJECT - len(self.sealed))
-            plan.append((self.sealed_at, [self._said(entry) for entry in self.sealed]
-                         + fresh[:room], True))
+            plan.append((True, [self._said(entry) for entry in self.sealed] + fresh[:room]))
             fresh = fresh[room:]
-        at = self.next
         while fresh:
-            plan.append((at, fresh[:PER_OBJECT], False))
-            at += len(plan[-1][1])
+            plan.append((False, fresh[:PER_OBJECT]))
             fresh = fresh[PER_OBJECT:]
         return plan
 
