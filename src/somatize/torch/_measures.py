@@ -46,8 +46,9 @@ class Place:
         self.clear()
 
     def clear(self) -> None:
-        self.acts: list[tuple[int, int, list[torch.Tensor]]] = []  # count, bounded, scalars
-        self.grads: list[tuple[int, list[torch.Tensor]]] = []
+        # count, bounded, scalars, and whether none was non-finite (then not among them)
+        self.acts: list[tuple[int, int, list[torch.Tensor], bool]] = []
+        self.grads: list[tuple[int, list[torch.Tensor], bool]] = []
         self.alive: torch.Tensor | None = None
         self.kept_acts: list[torch.Tensor] = []
         self.kept_grads: list[torch.Tensor] = []
@@ -97,11 +98,11 @@ class Place:
         mean = flat.mean()
         parts = [mean, torch.dist(flat, mean)]  # one fused pass, nothing written; squared later
         parts.append(_dot(flat.sign()))  # how many are not zero (NaN if a NaN is)
-        parts.append(_nonfinite(flat, mean))
+        finite = _nonfinite_into(parts, flat, mean)
         saturated = saturation(tensor, flat, self.marked)
         if saturated is not None:
             parts.append(saturated[0])  # how many are at a bound
-        self.acts.append((x.numel(), 0 if saturated is None else saturated[1], parts))
+        self.acts.append((x.numel(), 0 if saturated is None else saturated[1], parts, finite))
         if first and self.tracks and x.dim() >= 2:
             alive = x.ne(0).any(dim=0)
             if alive.dim() > 1:
@@ -114,7 +115,7 @@ class Place:
     def gradient(self, grad: torch.Tensor) -> None:
         if not self.audit._armed:
             return
-        g = grad.detach()
+        g = grad.detach() if grad.requires_grad else grad  # (it does under create_graph)
         if g.dtype in _HALF:
             g = g.float()
         flat = g.reshape(-1)
@@ -122,22 +123,25 @@ class Place:
         # its spread, so the cancellation that rules this out for activations does not
         # bite, and it saves two passes.
         total = flat.sum()
-        self.grads.append((g.numel(), [total, _dot(flat), _nonfinite(flat, total)]))
+        parts = [total, _dot(flat)]
+        self.grads.append((g.numel(), parts, _nonfinite_into(parts, flat, total)))
         if self.audit._measured % self.audit.snapshot == 0:
             self.kept_grads.append(g.flatten())
 
     def gather(self, sink: Sink, k: int, hist: bool) -> Any:
         """Puts this step's device numbers in the sink; answers how to read them back."""
-        acts = [(n, b, sink.add(parts)) for n, b, parts in self.acts]
-        grads = [(n, sink.add(parts)) for n, parts in self.grads]
+        acts = [(n, b, sink.add(parts), finite) for n, b, parts, finite in self.acts]
+        grads = [(n, sink.add(parts), finite) for n, parts, finite in self.grads]
         dead = self._dead(sink, k) if self.tracks and self.alive is not None else None
         act_hist = sink.add_vector(_histogram(self.kept_acts)) if hist and self.kept_acts else None
         grad_hist = sink.add_vector(_histogram(self.kept_grads)) if hist and self.kept_grads \
             else None
 
         def read(sink: Sink) -> dict[str, Any]:
-            out = _pooled_acts([(n, b, sink.get(h)) for n, b, h in acts])
-            out.update(_pooled_grads([(n, sink.get(h)) for n, h in grads], self.audit._probes))
+            out = _pooled_acts([(n, b, _zero_at(sink.get(h), 3, finite))
+                                for n, b, h, finite in acts])
+            out.update(_pooled_grads([(n, _zero_at(sink.get(h), 2, finite)) for n, h, finite in grads],
+                                     self.audit._probes))
             if acts or grads:
                 out["nonfinite"] = out.pop("_act_nonfinite", 0) + out.pop("_grad_nonfinite", 0)
             if dead is not None:  # how many stayed zero, and out of how many
@@ -233,18 +237,31 @@ def _dot(flat: torch.Tensor) -> torch.Tensor:
     return torch.dot(flat, flat)
 
 
-def _nonfinite(flat: torch.Tensor, total: torch.Tensor | None = None) -> torch.Tensor:
+def _nonfinite(flat: torch.Tensor) -> torch.Tensor:
     """How many values are NaN or infinite: those are the ones a zero times them is
-    not zero. Read as a float sum, which is far cheaper than a boolean one.
-
-    A sum (or mean) of them, ``total``, is finite only if every value is, so on a CPU,
-    where reading it costs no sync and each pass over the values is paid for by the
-    step, a finite total says zero without counting (an overflowing sum of finite
-    values is counted, and found to be zero). On a GPU the count is two launches and
-    reading the total would be a sync, so it is always counted there."""
-    if total is not None and flat.device.type == "cpu" and math.isfinite(total.item()):
-        return total.new_zeros(())
+    not zero. Read as a float sum, which is far cheaper than a boolean one."""
     return flat.mul(0).nan_to_num_(1.0).sum()
+
+
+def _nonfinite_into(parts: list[torch.Tensor], flat: torch.Tensor, total: torch.Tensor) -> bool:
+    """Appends how many of ``flat`` are not finite to ``parts``, or answers True, having
+    appended nothing, where ``total`` (their sum or mean) says that is none.
+
+    A sum is finite only if every value is, so on a CPU, where reading it costs no
+    sync and each pass over the values is paid for by the step, a finite total says
+    zero without counting (an overflowing sum of finite values is counted, and found
+    to be zero). On a GPU the count is two launches, and reading the total would be a
+    sync, so it is always counted there."""
+    if flat.device.type == "cpu" and math.isfinite(total.item()):
+        return True
+    parts.append(_nonfinite(flat))
+    return False
+
+
+def _zero_at(values: list[float], at: int, zero: bool) -> list[float]:
+    """``values`` as read, with the count of non-finite values put back ``at`` its place
+    where it was known to be zero and so never measured."""
+    return values[:at] + [0.0] + values[at:] if zero else values
 
 
 def _pooled_acts(pieces: list[tuple[int, int, list[float]]]) -> dict[str, Any]:
@@ -344,7 +361,7 @@ class Held:
                 flat = flat[:flat.shape[0] - flat.shape[0] % _RUN].view(-1, _RUN)
             view = self.views[k] = flat
         index = self.index[k]
-        return view if index is None else view.index_select(0, index).view(-1)
+        return view if index is None else view.index_select(0, index)  # norms need no flat copy
 
     def taken(self) -> dict[Any, list[torch.Tensor]]:
         """Everything read, as it is now: a copy of each, per device (made in one call),
