@@ -218,3 +218,17 @@ def test_a_store_is_opened_from_a_path_or_given(tmp_path):
     assert len(store.bound()) == 2
     with pytest.raises(TypeError, match="store= takes a Store or a directory"):
         g.forward(0, store=3)
+
+
+def test_a_directory_is_opened_once_and_again_when_replaced(tmp_path):
+    import shutil
+
+    from somatize._remember import open_store
+
+    g, where = chain(), tmp_path / "runs"
+    assert g.forward(1, store=where) == g.forward(1, store=str(where)) == 7
+    first = open_store(where)
+    assert open_store(str(where)) is first and first.where == str(where)
+    shutil.rmtree(where)  # gone: what was opened there is not what the path names now
+    assert g.forward(1, store=where) == 7
+    assert open_store(where) is not first and len(Store(where).bound()) == 2

@@ -222,8 +222,13 @@ def unpack(tree: Any, buffers: list[Any]) -> Any:
             return tuple(unpack(item, buffers) for item in items)
         return {key: unpack(item, buffers) for key, item in tree.items()}
     if cls is list:
+        if _SCALARS.issuperset(map(type, tree)):  # a list of numbers or text: as it was read
+            return tree[:]
         return [unpack(item, buffers) for item in tree]
     return tree
+
+
+_SCALARS = frozenset((str, int, float, bool, type(None)))
 
 
 def _buffer(buffers: list[Any], at: Any) -> Any:

@@ -1,7 +1,8 @@
 """Names for outputs, made of content: a canonical encoding of data, and Merkle keys.
 
-The encoding is fed straight into a hash, never built as bytes first, so a 256 MB
-input is hashed where it lies. Every value is tagged with its type and its length,
+Small pieces of the encoding are gathered and hashed in one go (lists of ints, floats
+or strs are encoded all at once), while a big buffer is fed to the hash where it lies,
+so a 256 MB input is never copied. Every value is tagged with its type and its length,
 so ``1``, ``1.0``, ``True`` and ``"1"`` are four different things, a dict is the
 same whatever order it was built in, and a float is its exact bits.
 
@@ -39,30 +40,53 @@ class Unwritable(Exception):
 
 def feed(update: Any, value: Any) -> None:
     """Feeds the canonical encoding of ``value`` to a hash's ``update``."""
+    parts: list[Any] = []
+    _encode(value, parts, update)
+    update(b"".join(parts))
+
+
+def digest_of(value: Any) -> bytes:
+    """The raw sha256 of the canonical encoding; ``Unwritable`` if it has none."""
+    h = hashlib.sha256()
+    parts: list[Any] = []
+    _encode(value, parts, h.update)
+    h.update(b"".join(parts))
+    return h.digest()
+
+
+def hexdigest_of(value: Any) -> str:
+    """``sha256:<hex>`` of the canonical encoding."""
+    return "sha256:" + digest_of(value).hex()
+
+
+# The encoding gathers its small pieces in a list, joined and hashed once: one call into
+# the hash per piece was most of what a key of small data cost. A buffer this big or
+# bigger is fed to the hash where it lies instead, after whatever came before it.
+_BIG = 1 << 16
+
+
+def _encode(value: Any, parts: list[Any], update: Any) -> None:
+    """Appends the canonical encoding of ``value`` to ``parts``; a big buffer goes
+    straight to ``update``, once ``parts`` so far have."""
     cls = type(value)
     if cls is str:
         raw = value.encode("utf-8", "surrogatepass")
-        update(b"s" + _LEN.pack(len(raw)))
-        update(raw)
+        parts.append(b"s" + _LEN.pack(len(raw)) + raw)
     elif cls is int:
-        raw = str(value).encode()
-        update(b"i" + _LEN.pack(len(raw)) + raw)
+        parts.append(_INTS.get(value) or _int_piece(value))
     elif cls is float:
-        update(b"f" + _F64.pack(value))
+        parts.append(b"f" + _F64.pack(value))
     elif cls is bool:
-        update(b"T" if value else b"F")
+        parts.append(b"T" if value else b"F")
     elif value is None:
-        update(b"N")
-    elif cls is bytes or cls is bytearray or cls is memoryview:
-        view = memoryview(value)
-        update(b"b" + _LEN.pack(view.nbytes))
-        update(view)
+        parts.append(b"N")
     elif cls is list or cls is tuple:
-        update((b"l" if cls is list else b"t") + _LEN.pack(len(value)))
-        for item in value:
-            feed(update, item)
+        parts.append((b"l" if cls is list else b"t") + _LEN.pack(len(value)))
+        if len(value) < 4 or not _encode_alike(value, parts):
+            for item in value:
+                _encode(item, parts, update)
     elif cls is dict:
-        update(b"d" + _LEN.pack(len(value)))
+        parts.append(b"d" + _LEN.pack(len(value)))
         try:
             keys = sorted(value)
         except TypeError:
@@ -70,19 +94,74 @@ def feed(update: Any, value: Any) -> None:
         for key in keys:
             if type(key) is not str:
                 raise Unwritable(type(key))
-            feed(update, key)
-            feed(update, value[key])
+            raw = key.encode("utf-8", "surrogatepass")
+            parts.append(b"s" + _LEN.pack(len(raw)) + raw)
+            _encode(value[key], parts, update)
+    elif cls is bytes or cls is bytearray or cls is memoryview:
+        view = memoryview(value)
+        parts.append(b"b" + _LEN.pack(view.nbytes))
+        if view.nbytes < _BIG:
+            parts.append(view.tobytes() if cls is not bytes else value)
+        else:
+            update(b"".join(parts))
+            parts.clear()
+            update(view)
     elif cls is Opaque:  # the node below sees what is inside, so that is what is named
-        feed(update, value.value)
+        _encode(value.value, parts, update)
     elif isinstance(value, (bool, int, float, str, bytes, list, tuple, dict)):
         from ._codec import _plain
 
-        feed(update, _plain(value))
+        _encode(_plain(value), parts, update)
     else:
-        _feed_opaque(update, value)
+        kind, inner = _opaque(value)
+        raw = kind.encode("utf-8", "surrogatepass")
+        parts.append(b"os" + _LEN.pack(len(raw)) + raw + inner)
 
 
-def _feed_opaque(update: Any, value: Any) -> None:
+def _encode_alike(items: Any, parts: list[Any]) -> bool:
+    """Appends the encoding of a list's items all at once when they are all ints, all
+    floats or all strs (what big inputs are made of); False, appending nothing, if not."""
+    kinds = set(map(type, items))
+    if len(kinds) != 1:
+        return False
+    kind = kinds.pop()
+    if kind is int:
+        pieces = list(map(_INTS.get, items))
+        if None in pieces:
+            pieces = [piece or _int_piece(item) for piece, item in zip(pieces, items)]
+        parts.extend(pieces)
+    elif kind is float:
+        count = len(items)
+        raw = struct.pack(f"<{count}d", *items)
+        out = bytearray(9 * count)
+        out[0::9] = b"f" * count  # a tag before each float's eight bytes, laid in by slices
+        for at in range(8):
+            out[1 + at::9] = raw[at::8]
+        parts.append(out)
+    elif kind is str:
+        parts.extend([b"s" + _LEN.pack(len(raw)) + raw
+                      for raw in [item.encode("utf-8", "surrogatepass") for item in items]])
+    else:
+        return False
+    return True
+
+
+def _int_piece(value: int) -> bytes:
+    raw = str(value).encode()
+    piece = b"i" + _LEN.pack(len(raw)) + raw
+    if len(raw) <= 20 and len(_INTS) < _INTS_KEPT:  # small ints seen are kept, up to a bound
+        _INTS[value] = piece
+    return piece
+
+
+_INTS_KEPT = 1 << 14
+_INTS: dict[int, bytes] = {}
+for _i in range(-256, 1024):
+    _int_piece(_i)
+
+
+def _opaque(value: Any) -> tuple[str, bytes]:
+    """A value with a codec: its kind, and the digest of what the codec writes."""
     try:
         kind, dump = codec_for(value)
     except UnwritableError:
@@ -90,22 +169,7 @@ def _feed_opaque(update: Any, value: Any) -> None:
     inner = hashlib.sha256()
     for piece in pieces_of(dump(value)):  # a header and a view: hashed where they lie
         inner.update(piece)
-    inner = inner.digest()
-    update(b"o")
-    feed(update, kind)
-    update(inner)
-
-
-def digest_of(value: Any) -> bytes:
-    """The raw sha256 of the canonical encoding; ``Unwritable`` if it has none."""
-    h = hashlib.sha256()
-    feed(h.update, value)
-    return h.digest()
-
-
-def hexdigest_of(value: Any) -> str:
-    """``sha256:<hex>`` of the canonical encoding."""
-    return "sha256:" + digest_of(value).hex()
+    return kind, inner.digest()
 
 
 def node_prefix(identity: str, declaration: str | None, salt: str | None,

@@ -15,6 +15,7 @@ so what is below it can still be kept.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -29,12 +30,36 @@ __all__ = ["Memory", "changing_above", "foreseen", "name_of", "open_store"]
 
 
 def open_store(store: Any) -> Store:
-    """A Store, from a Store or a directory."""
+    """A Store, from a Store or a directory.
+
+    A directory's Store is opened once and handed out again while that directory is
+    the one it opened (same device and inode), since opening one costs about as much as
+    a cache hit; a directory removed or replaced since is opened afresh."""
     if isinstance(store, Store):
         return store
-    if isinstance(store, (str, bytes)) or hasattr(store, "__fspath__"):
-        return Store(store)
-    raise TypeError(f"store= takes a Store or a directory, not a {type(store).__qualname__}")
+    if not (isinstance(store, (str, bytes)) or hasattr(store, "__fspath__")):
+        raise TypeError(f"store= takes a Store or a directory, not a {type(store).__qualname__}")
+    where = os.path.abspath(os.fsdecode(store))
+    known = _OPENED.get(where)
+    if known is not None and known[1] == _identity(where):
+        return known[0]
+    opened = Store(where)
+    if len(_OPENED) >= _OPENED_KEPT:
+        _OPENED.pop(next(iter(_OPENED)))
+    _OPENED[where] = (opened, _identity(where))
+    return opened
+
+
+_OPENED: dict[str, tuple[Store, tuple[int, int] | None]] = {}
+_OPENED_KEPT = 64
+
+
+def _identity(where: str) -> tuple[int, int] | None:
+    try:
+        status = os.stat(where)
+    except OSError:
+        return None
+    return status.st_dev, status.st_ino
 
 
 def name_of(key: bytes) -> str:

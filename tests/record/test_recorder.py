@@ -1,5 +1,6 @@
-"""The Recorder against a real directory store: one record per forward, written when
-the forward finishes, late facts in the forward they belong to, nothing lost at exit."""
+"""The Recorder against a real directory store: one record per forward, written behind
+the run in batches, late facts in the forward they belong to, read here as soon as said,
+seen elsewhere whole, and nothing lost at exit."""
 
 import gc
 import json
@@ -9,13 +10,15 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
 import somatize
 from somatize import Graph, Node, RecordError, UnwritableError
-from somatize.record import Recorder, facts
+from somatize.record import FORMAT, Recorder, facts, forwards
+from somatize.record._read import listed, read
 from somatize.store import Store
 
 SRC = os.path.dirname(os.path.dirname(somatize.__file__))
@@ -41,9 +44,16 @@ def two_nodes():
 
 
 def record_of(store, name):
-    bound = store.resolve(name)
+    """One forward's record and binding, as the readers see it (which flushes this
+    process's Recorders of the run first)."""
+    _, run, index = name.split("/")
+    bound = dict(listed(store, run)).get(int(index))
     assert bound is not None, name
-    return json.loads(store.get(bound.digest)), bound
+    return read(store, bound), bound
+
+
+def objects(store):
+    return [p for p in Path(store.where, "objects").rglob("*") if p.is_file()]
 
 
 @pytest.fixture
@@ -51,27 +61,73 @@ def store(tmp_path):
     return Store(tmp_path / "store")
 
 
-def test_one_record_per_forward_bound_as_run_name_index(store):
+def test_one_record_per_forward_written_as_one_batch(store):
     g = two_nodes()
     recorder = Recorder(store, run="r")
     seen = []
     for i in range(3):
         g.forward(i, watching=[recorder, seen.append])
-    names = [b.name for b in store.bound("run/r")]
-    assert names == ["run/r/0", "run/r/1", "run/r/2"]
+    recorder.flush()
+    assert [b.name for b in store.bound("run/r")] == ["run/r/0"]  # one name, one object
+    assert len(objects(store)) == 1 and forwards(store, "r") == 3
     for i in range(3):
         record, _ = record_of(store, f"run/r/{i}")
-        assert record["format"] == 1 and record["run"] == "r" and record["forward"] == i
+        assert record["format"] == FORMAT and record["run"] == "r" and record["forward"] == i
         kinds = [f["fact"] for f in record["facts"]]
         assert kinds == ["began", "ran", "ran", "finished"]
         assert record["facts"] == seen[4 * i: 4 * i + 4]
 
 
-def test_a_forward_is_resolvable_the_moment_it_returns(store):
+def test_a_forward_is_read_here_the_moment_it_returns(store):
     recorder = Recorder(store)
     two_nodes().forward(1, watching=recorder)
-    record, _ = record_of(store, f"run/{recorder.run}/0")
-    assert record["facts"][-1]["fact"] == "finished"
+    assert facts(store, recorder.run, 0)[-1]["fact"] == "finished"
+
+
+def test_a_forward_is_written_behind_without_being_asked(store):
+    recorder = Recorder(store, run="r")
+    two_nodes().forward(1, watching=recorder)
+    deadline = time.monotonic() + 10  # the writer trails by a quarter second; this is slack
+    while store.resolve("run/r/0") is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    bound = store.resolve("run/r/0")  # read as another process would: no flush
+    assert bound is not None
+    assert json.loads(store.get(bound.digest))["forwards"][0][-1]["fact"] == "finished"
+
+
+READING = """
+import json, sys, time
+from somatize.record import facts, forwards
+from somatize.store import Store
+store, seen, began = Store(sys.argv[1]), [], time.monotonic()
+while time.monotonic() - began < 3 and (not seen or seen[-1] < 400):
+    try:
+        count = forwards(store, "r")
+    except Exception as exc:
+        if "no run" not in str(exc):
+            raise
+        continue
+    said = facts(store, "r", count - 1)  # whole: it begins and it finished
+    assert said[0]["fact"] == "began" and said[-1]["fact"] == "finished", said
+    seen.append(count)
+print(json.dumps(seen))
+"""
+
+
+def test_a_reader_elsewhere_sees_each_forward_whole_or_not_at_all(store):
+    reader = subprocess.Popen([sys.executable, "-c", READING, store.where], text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env={**os.environ, "PYTHONPATH": SRC})
+    recorder, g = Recorder(store, run="r"), two_nodes()
+    for i in range(400):
+        g.forward(i, watching=recorder)
+        if i % 50 == 0:
+            time.sleep(0.1)  # so the writer writes several batches while it reads
+    recorder.close()
+    out, err = reader.communicate(timeout=60)
+    assert reader.returncode == 0, err
+    seen = json.loads(out)
+    assert seen and seen == sorted(seen) and seen[-1] <= 400
 
 
 def test_late_facts_land_in_their_forward_at_the_next_began(store):
@@ -80,8 +136,6 @@ def test_late_facts_land_in_their_forward_at_the_next_began(store):
     g.forward(1, watching=recorder)
     recorder({"fact": "updated"})
     recorder({"fact": "loss", "value": 0.5})
-    first, _ = record_of(store, "run/r/0")
-    assert [f["fact"] for f in first["facts"]][-1] == "finished"  # not rewritten per late fact
     g.forward(2, watching=recorder)
     first, _ = record_of(store, "run/r/0")
     second, _ = record_of(store, "run/r/1")
@@ -108,8 +162,8 @@ def test_summarising_copies_the_last_value_into_meta(store):
     recorder({"fact": "accuracy", "value": 0.75, "of": 64})
     g.forward(2, watching=recorder)  # a forward that says neither
     recorder.close()
-    assert store.resolve("run/r/0").meta == {"loss": 1.5, "accuracy": 0.75}
-    assert store.resolve("run/r/1").meta == {"loss": None, "accuracy": None}
+    assert record_of(store, "run/r/0")[1].meta == {"loss": 1.5, "accuracy": 0.75}
+    assert record_of(store, "run/r/1")[1].meta == {"loss": None, "accuracy": None}
 
 
 def test_a_summarised_fact_without_a_value_keeps_its_fields(store):
@@ -117,7 +171,8 @@ def test_a_summarised_fact_without_a_value_keeps_its_fields(store):
     two_nodes().forward(1, watching=recorder)
     recorder({"fact": "health", "where": "body", "act_mean": 0.5, "shape": (2, 3)})
     recorder.close()
-    assert store.resolve("run/r/0").meta == {"health": {"where": "body", "act_mean": 0.5, "shape": [2, 3]}}
+    assert record_of(store, "run/r/0")[1].meta == {
+        "health": {"where": "body", "act_mean": 0.5, "shape": [2, 3]}}
 
 
 def test_default_run_names_are_unique_and_sort_by_time(store):
@@ -192,14 +247,14 @@ def test_facts_from_many_threads_are_all_kept_once(store):
     for w in workers:
         w.join()
     recorder.close()
-    notes, forwards = [], 0
-    for bound in store.bound("run/r"):
-        record = json.loads(store.get(bound.digest))
-        assert record["forward"] == int(bound.name.rsplit("/", 1)[1])
+    notes, began = [], 0
+    for index, bound in listed(store, "r"):
+        record = read(store, bound)
+        assert record["forward"] == index
         notes += [(f["thread"], f["i"]) for f in record["facts"] if f["fact"] == "note"]
-        forwards += sum(f["fact"] == "began" for f in record["facts"])
+        began += sum(f["fact"] == "began" for f in record["facts"])
     assert sorted(notes) == [(t, i) for t in range(threads) for i in range(per_thread)]
-    assert forwards == 40
+    assert began == 40
 
 
 def test_a_run_that_exists_is_continued_after_its_last_forward(store):
@@ -210,7 +265,8 @@ def test_a_run_that_exists_is_continued_after_its_last_forward(store):
     first.close()
     again = Recorder(store, run="r")
     g.forward(3, watching=again)
-    assert [b.name for b in store.bound("run/r")] == ["run/r/0", "run/r/1", "run/r/2"]
+    assert [index for index, _ in listed(store, "r")] == [0, 1, 2]
+    assert [b.name for b in store.bound("run/r")] == ["run/r/0", "run/r/2"]  # two batches
     assert record_of(store, "run/r/2")[0]["forward"] == 2
 
 
@@ -218,7 +274,9 @@ def test_a_forward_index_taken_meanwhile_is_skipped_not_overwritten(store):
     g = two_nodes()
     one, two = Recorder(store, run="shared"), Recorder(store, run="shared")
     g.forward(10, watching=one, stamping={"by": "one"})
+    one.flush()
     g.forward(20, watching=two, stamping={"by": "two"})
+    two.flush()  # it meant to take 0 as well
     zero, _ = record_of(store, "run/shared/0")
     taken, _ = record_of(store, "run/shared/1")
     assert zero["forward"] == 0 and {f["by"] for f in zero["facts"]} == {"one"}
@@ -239,7 +297,7 @@ def test_stamping_and_a_failing_forward_are_recorded(store):
 def test_a_directory_is_a_store_and_a_durable_one_is_written_without_fsync(tmp_path):
     by_path = Recorder(str(tmp_path / "a"), run="r")
     two_nodes().forward(1, watching=by_path)
-    assert Store(tmp_path / "a").resolve("run/r/0") is not None
+    assert facts(Store(tmp_path / "a"), "r", 0)[-1]["fact"] == "finished"
     durable = Store(tmp_path / "b")
     recorder = Recorder(durable, run="r")
     assert recorder.store.backend.durable is False and durable.backend.durable is True
@@ -309,12 +367,7 @@ def test_facts_said_before_the_first_forward_open_it(store):
     assert record_of(store, "run/alone/0")[0]["facts"] == [{"fact": "note"}]
 
 
-def test_a_trainers_step_is_written_once_when_its_loss_is_in(tmp_path):
-    from pathlib import Path
-
-    from somatize import Store
-    from somatize.record import facts
-
+def test_a_trainers_step_is_ready_once_its_loss_is_in(tmp_path):
     store = Store(tmp_path / "s")
     recorder = Recorder(store, run="steps")
     for step in range(1, 4):
@@ -322,16 +375,16 @@ def test_a_trainers_step_is_written_once_when_its_loss_is_in(tmp_path):
                      {"fact": "ran", "node": "a", "began_us": 0, "took_us": 1},
                      {"fact": "finished", "took_us": 2}):
             recorder(fact)
-        assert store.resolve(f"run/steps/{step - 1}") is None  # not yet: its loss is coming
+        time.sleep(0.4)  # past the writer's quarter second: still not written
+        assert store.resolve(f"run/steps/{step - 1}") is None  # its loss is coming
         recorder({"fact": "updated"})
         recorder({"fact": "loss", "value": float(step)})
         assert facts(store, "steps", step - 1)[-1] == {"fact": "loss", "value": float(step)}
-    objects = [p for p in Path(store.where, "objects").rglob("*") if p.is_file()]
-    assert len(objects) == 3  # one write per step, none rewritten
-    # a bare forward (no step in its began) is still readable the moment it finishes
+    assert len(objects(store)) == 3  # one write per step, none rewritten
+    # a bare forward (no step in its began) is ready the moment it finishes
     recorder({"fact": "began", "at_us": 1})
     recorder({"fact": "finished", "took_us": 1})
-    assert store.resolve("run/steps/3") is not None
+    assert facts(store, "steps", 3)[-1] == {"fact": "finished", "took_us": 1}
 
 
 # -- a store that cannot be written
@@ -361,6 +414,7 @@ if how == "rlimit":  # from here the kernel refuses this process every write to 
     _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
     resource.setrlimit(resource.RLIMIT_FSIZE, (0, hard))
 losses = [recorded.step(batch) for batch in data[:5]]
+recorder.flush()  # refused: the disk is full
 print(json.dumps({"lost": recorder.lost}), flush=True)
 sys.stdin.readline()  # the disk has room again
 if how == "rlimit":
@@ -397,8 +451,26 @@ def test_a_full_disk_does_not_break_training_and_recording_resumes(full_disk):
     reason = "No space left on device" if full_disk.how == "tmpfs" else "File too large"
     assert "could not write forward 0" in err and reason in err and "Recorder.lost" in err
     last = json.loads(out.splitlines()[-1])
-    assert first["lost"] == 4  # steps 0 to 3 were lost; 4 waited for its second try
-    assert last["lost"] == 4 and "lost=4" in last["repr"] and last["same"] is True
-    kept = Store(where).bound("run/full")
-    assert [b.name for b in kept] == [f"run/full/{i}" for i in range(4, 10)]
+    # kept while refused, and written once the disk had room again: nothing lost
+    assert first["lost"] == 0 and last["lost"] == 0 and "lost" not in last["repr"]
+    assert last["same"] is True
+    assert [index for index, _ in listed(Store(where), "full")] == list(range(10))
     assert facts(Store(where), "full", 9)[-1]["fact"] == "said last"  # written at exit
+
+
+def test_a_long_wait_is_written_as_several_batches_each_bound_once(store, monkeypatch):
+    from somatize.record import _recorder
+
+    monkeypatch.setattr(_recorder, "PER_OBJECT", 3)
+    recorder, g = Recorder(store, run="r", summarising=["loss"]), two_nodes()
+    for i in range(7):
+        g.forward(i, watching=recorder)
+        recorder({"fact": "loss", "value": float(i)})
+    recorder.flush()
+    assert [b.name for b in store.bound("run/r")] == ["run/r/0", "run/r/3", "run/r/6"]
+    assert len(objects(store)) == 3
+    assert [(i, b.meta["loss"]) for i, b in listed(store, "r")] == [(i, float(i)) for i in range(7)]
+    recorder({"fact": "note"})  # the last forward hears more: its batch is bound again
+    recorder.close()
+    assert [b.name for b in store.bound("run/r")] == ["run/r/0", "run/r/3", "run/r/6"]
+    assert facts(store, "r", 6)[-1] == {"fact": "note"}

@@ -578,3 +578,32 @@ def test_histograms_count_every_finite_value_between_their_edges():
         counts, edges = body[name]["counts"], body[name]["edges"]
         assert len(counts) == 32 and len(edges) == 33 and sum(counts) == 20 * 16
         assert edges == sorted(edges) and edges[0] < edges[-1]
+
+
+@pytest.mark.cuda
+def test_on_a_gpu_a_measured_step_syncs_with_the_host_once_more_than_any_other():
+    import warnings
+
+    g, body, head = graph(seed=0)
+    body.net.cuda()
+    head.out.cuda()
+    trainer, seen = audited(g, auditing=Audit(every=2))
+    data = [(x.cuda(), y.cuda()) for x, y in batches(8)]
+    for batch in data[:4]:  # warm: what goes to the device once has gone
+        trainer.step(batch)
+
+    def syncs(batch):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                trainer.step(batch)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        return sum("synchroniz" in str(w.message) for w in caught)
+
+    measured, plain = syncs(data[4]), syncs(data[5])  # step 5 is measured, 6 is not
+    assert health(seen, step=5) and not health(seen, step=6)
+    assert measured - plain <= 1, (measured, plain)  # one read-back, of every number
+    said = health(seen, step=5, where="body")[0]
+    assert said["nonfinite"] == 0 and math.isfinite(said["act_mean"])

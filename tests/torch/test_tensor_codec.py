@@ -241,3 +241,25 @@ def as_value(blob: bytes) -> bytes:
     head = json.dumps({OPAQUE: _codec.KIND, "buffer": 0}).encode()
     return b"".join([MAGIC, struct.pack("<Q", len(head)), head, struct.pack("<Q", 1),
                      struct.pack("<Q", len(blob)), blob])
+
+
+def test_a_tensors_key_stays_what_it_was():
+    # computed by the encoder that fed the hash piece by piece: what stores already hold
+    from somatize._keys import digest_of
+
+    assert digest_of(torch.arange(6, dtype=torch.float32).reshape(2, 3)).hex() == \
+        "c6329697edc8adea225257979f0c3cc06ca8ce5e5fac43c6c0b006604250d79d"
+    assert digest_of({"w": torch.ones(3, dtype=torch.float64), "n": [1]}).hex() == \
+        "da6aec81f7467b0f2177211753954acae8c6bdd2ef24fae9487619dcb07c5e6c"
+
+
+@pytest.mark.cuda
+def test_a_cuda_tensor_is_written_as_the_same_tensor_on_the_cpu_would_be():
+    from somatize._keys import digest_of
+
+    here = torch.randn(64, 33, dtype=torch.float32)
+    there = here.cuda()
+    assert dumps(there) == dumps(here)  # the bytes say what the values are, not where
+    back = loads(dumps(there[:, 1:]))  # a strided view on the device as well
+    assert back.device.type == "cpu" and torch.equal(back, here[:, 1:])
+    assert digest_of(there) == digest_of(here)  # one key, wherever it was computed

@@ -304,3 +304,25 @@ def test_freeze_is_obeyed_before_the_first_step():
     assert not any(p.requires_grad for p in body.net.parameters())
     assert g.frozen()["body"].startswith("sha256:")
     freeze(g)  # idempotent: the same weights, the same state
+
+
+@pytest.mark.cuda
+def test_on_a_gpu_a_step_is_the_hand_written_loop_there():
+    g, body, head = graph(seed=0)
+    _, hand_body, hand_head = graph(seed=0)
+    for module in (body.net, head.out, hand_body.net, hand_head.out):
+        module.cuda()
+    trainer = Trainer(g, objective=F.mse_loss, optimizer=torch.optim.Adam(parameters(g), lr=1e-2))
+    by_hand = torch.optim.Adam([*hand_body.parameters(), *hand_head.parameters()], lr=1e-2)
+    ours, theirs = [], []
+    for x, y in batches(10):
+        x, y = x.cuda(), y.cuda()
+        ours.append(trainer.step((x, y)))
+        by_hand.zero_grad()
+        loss = F.mse_loss(hand_head.out(hand_body.net(x)), y)
+        loss.backward()
+        by_hand.step()
+        theirs.append(loss.item())
+    assert ours == theirs and len(set(ours)) == 10  # the same kernels, in the same order
+    for mine, hand in zip(weights(body.net, head.out), weights(hand_body.net, hand_head.out)):
+        assert mine.is_cuda and torch.equal(mine, hand)

@@ -54,7 +54,8 @@ def test_it_answers_what_the_store_answers(tmp_path):
                [(b.name, b.digest, b.meta) for b in store.bound(prefix)]
     assert following.resolve("run/a/3") == store.resolve("run/a/3")
     assert following.resolve("run/a/99") is None and following.resolve("run/zz/0") is None
-    assert following.get(store.resolve("run/b/1").digest) == store.get(store.resolve("run/b/1").digest)
+    digest = store.resolve("run/b/0").digest  # its five forwards are one batch
+    assert following.get(digest) == store.get(digest)
     assert runs(following) == runs(store)
     for run in ("a", "b"):
         assert curve(following, run) == curve(store, run)
@@ -80,16 +81,16 @@ def test_a_grown_run_costs_the_new_names_not_its_length(counted, tmp_path):
     recorder.flush()
     backend.reset()
     assert following.follow("long") == 303
-    # three new names, the miss after them, and the old last one again: no listing
-    assert backend.asked == {"read_name": 5, "list_names": 0, "read_object": 0}
+    # the one new batch, the miss after it, and the old last batch again: no listing
+    assert backend.asked == {"read_name": 3, "list_names": 0, "read_object": 0}
     backend.reset()
     assert curve(following, "long")[-3:] == [-1.0, -2.0, -3.0]  # summarised: no record opened
     assert backend.asked == {"read_name": 0, "list_names": 0, "read_object": 0}
     assert forwards(following, "long") == 303
     nodes(following, "long")
-    assert backend.asked["read_object"] == 303  # every record, once...
+    assert backend.asked["read_object"] == 2  # every batch, once...
     nodes(following, "long")
-    assert backend.asked["read_object"] == 303  # ...and not again
+    assert backend.asked["read_object"] == 2  # ...and not again
     assert backend.asked["list_names"] == 0
     recorder.close()
 
@@ -117,10 +118,12 @@ def test_a_forward_bound_again_is_read_again(tmp_path):
     g = Graph.somatize(Step().named("step"))
     recorder = Recorder(store, run="r")
     g.forward(1, watching=recorder)
+    recorder.flush()
     assert following.version("r") is not None
     before = following.resolve("run/r/0").digest
     recorder({"fact": "health", "where": "step", "step": 1, "act_zero": 0.5})
-    g.forward(2, watching=recorder)  # binds forward 0 again, then 1
+    g.forward(2, watching=recorder)
+    recorder.flush()  # binds forward 0's batch again, now holding 1 as well
     time.sleep(_follow.FOLLOW_EVERY)
     following.follow("r")
     assert following.resolve("run/r/0").digest != before
@@ -134,7 +137,7 @@ def test_a_run_far_behind_is_listed_whole(counted):
     recorded(store, "r", 2)
     following = Following(store)
     assert following.runs() == {"r": 2}
-    recorded(store, "r", _follow.PROBES + 10)
+    recorded(store, "r", _follow.PROBES + 10, batches=True)
     backend.reset()
     following.follow("r")
     assert forwards(following, "r") == _follow.PROBES + 12
@@ -176,7 +179,7 @@ def test_it_cannot_write(tmp_path):
 
 def test_objects_are_kept_up_to_a_size(counted):
     store, backend = counted
-    recorded(store, "r", 20, summarising=())
+    recorded(store, "r", 20, summarising=(), batches=True)
     following = Following(store, keep_bytes=8 * 600)  # a few records' worth
     nodes(following, "r")
     backend.reset()

@@ -31,9 +31,10 @@ class Step(Node):
         return x + 1
 
 
-def recorded(store, run, steps, *, summarising=("loss",), health=None):
+def recorded(store, run, steps, *, summarising=("loss",), health=None, batches=False):
     """``steps`` bare forwards, each followed by a loss (and ``health`` facts, a dict of
-    ``{where: measures}`` said after each one) as a Trainer says them."""
+    ``{where: measures}`` said after each one) as a Trainer says them; with ``batches``,
+    each forward written as a batch of its own, as a slow run's are."""
     g = Graph.somatize(Step().named("step") >> Step().named("next"))
     recorder = Recorder(store, run=run, summarising=list(summarising))
     for number in range(1, steps + 1):
@@ -41,6 +42,8 @@ def recorded(store, run, steps, *, summarising=("loss",), health=None):
         recorder({"fact": "loss", "value": 1.0 / number})
         for where, measures in (health or {}).items():
             recorder({"fact": "health", "where": where, "step": number, **measures})
+        if batches:
+            recorder.flush()
     recorder.close()
     return recorder
 

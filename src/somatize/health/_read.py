@@ -52,17 +52,19 @@ def judged_facts(store: Any, run: str) -> list[dict[str, Any]]:
 
 def _of_record(store: Any, bound: Any) -> tuple[dict[str, Any], ...]:
     """The health and loss facts of one record, read once: a digest names the bytes, so what was
-    read under it is what is there, in any store, for as long as it is kept."""
+    read under it is what is there, in any store, for as long as it is kept (a batch holds
+    several forwards, so the forward's name is part of what is kept under)."""
+    key = (bound.digest, bound.name)
     with _lock:
-        kept = _kept.get(bound.digest)
+        kept = _kept.get(key)
         if kept is not None:
-            _kept.move_to_end(bound.digest)
+            _kept.move_to_end(key)
             return kept
     kept = tuple(fact for fact in read(store, bound)["facts"] if type(fact) is dict and (
         (fact.get("fact") == "health" and isinstance(fact.get("where"), str)
          and type(fact.get("step")) is int) or fact.get("fact") == "loss"))
     with _lock:
-        _kept[bound.digest] = kept
+        _kept[key] = kept
         while len(_kept) > _KEPT:
             _kept.popitem(last=False)
     return kept

@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 from .._errors import CorruptRecord, RecordError
 from .._version import __version__
-from ._recorder import FORMAT, check_run, flush_pending, forward_name
+from ..store import Bound
+from ._recorder import EACH, FORMAT, check_run, flush_pending, forward_name
 
-__all__ = ["Run", "Tally", "curve", "facts", "forwards", "nodes", "run_of", "runs", "tally"]
+__all__ = ["Run", "Tally", "curve", "facts", "forwards", "forwards_of", "nodes", "run_of",
+           "runs", "tally"]
 
 
 @dataclass(frozen=True)
@@ -31,14 +34,29 @@ class Run:
     summary: dict[str, Any] = field(default_factory=dict)  # the latest summarised values
 
 
+def forwards_of(bound: Any, index: int) -> list[tuple[int, Any]]:
+    """``(forward, Bound)`` for each forward one binding at ``index`` holds: itself for a
+    record of one forward; for a batch, one Bound a forward, named as that forward
+    would be and with that forward's summary as its meta."""
+    each = bound.meta.get(EACH) if type(bound.meta) is dict else None
+    if type(each) is int and each > 0:  # a batch of a run that summarises nothing
+        each = [{}] * each
+    elif type(each) is not list:
+        return [(index, bound)]
+    stem = bound.name[:bound.name.rfind("/") + 1]
+    return [(index + at, Bound(f"{stem}{index + at}", bound.digest,
+                               summary if type(summary) is dict else {}, bound.when))
+            for at, summary in enumerate(each)]
+
+
 def _indexed(bounds: list[Any], prefix: str) -> list[tuple[int, Any]]:
-    """The bindings that are forwards of a run (``prefix/<digits>``), in forward order."""
+    """The forwards of a run (bindings ``prefix/<digits>``, batches opened up), in order."""
     out = []
     cut = len(prefix) + 1
     for bound in bounds:
         rest = bound.name[cut:]
         if rest.isdigit() and rest.isascii():
-            out.append((int(rest), bound))
+            out.extend(forwards_of(bound, int(rest)))
     out.sort(key=lambda pair: pair[0])
     return out
 
@@ -59,7 +77,7 @@ def runs(store: Any) -> list[Run]:
     for bound in store.bound("run"):
         parts = bound.name.split("/")
         if len(parts) == 3 and parts[2].isdigit() and parts[2].isascii():
-            grouped.setdefault(parts[1], []).append((int(parts[2]), bound))
+            grouped.setdefault(parts[1], []).extend(forwards_of(bound, int(parts[2])))
     return [_run(name, sorted(grouped[name], key=lambda pair: pair[0])) for name in sorted(grouped)]
 
 
@@ -99,7 +117,29 @@ def forwards(store: Any, run: str) -> int:
 
 
 def read(store: Any, bound: Any) -> dict[str, Any]:
-    """One record, checked: JSON, a dict, and of a format this somatize reads."""
+    """One forward's record, checked: JSON, a dict, and of a format this somatize reads;
+    of a batch, the forward ``bound`` is named after."""
+    record = _parsed(store, bound)
+    if "forwards" not in record:
+        return record
+    index = int(bound.name[bound.name.rfind("/") + 1:])
+    first, held = record.get("forward"), record["forwards"]
+    at = index - first if type(first) is int else -1
+    if not 0 <= at < len(held) or type(held[at]) is not list:
+        raise CorruptRecord(
+            f"record {bound.name} in {_where(store)} is a batch (the object {bound.digest}) "
+            f"that does not hold forward {index}; it was not written by a Recorder")
+    return {"format": record["format"], "run": record.get("run"), "forward": index,
+            "facts": held[at]}
+
+
+def _parsed(store: Any, bound: Any) -> dict[str, Any]:
+    """The record or batch ``bound`` points at, checked; the last few are kept, so that
+    reading a batch's forwards one after another parses it once."""
+    with _lock:
+        record = _recent.get(bound.digest)
+    if record is not None:
+        return record
     data = store.get(bound.digest)
     if data is None:
         raise RecordError(
@@ -115,18 +155,28 @@ def read(store: Any, bound: Any) -> dict[str, Any]:
             "name to a record, or remove it"
         ) from None
     version = record.get("format") if type(record) is dict else None
-    if type(version) is not int or version < 1 or type(record.get("facts")) is not list:
-        raise CorruptRecord(
-            f"record {bound.name} in {_where(store)} is JSON but not a record (a record is "
-            '{"format": 1, "run": ..., "forward": i, "facts": [...]}, and the object '
-            f"{bound.digest} is not); it was not written by a Recorder"
-        )
-    if version > FORMAT:
+    if type(version) is int and version > FORMAT:
         raise RecordError(
             f"record {bound.name} was written in record format {version}, and this somatize "
             f"({__version__}) reads formats up to {FORMAT}; upgrade somatize to read it"
         )
+    if type(version) is not int or version < 1 or type(
+            record.get("forwards" if version >= 2 else "facts")) is not list:
+        raise CorruptRecord(
+            f"record {bound.name} in {_where(store)} is JSON but not a record (a record is "
+            '{"format": 2, "run": ..., "forward": i, "forwards": [[...], ...]}, or of format '
+            f'1 {{"format": 1, "run": ..., "forward": i, "facts": [...]}}, and the object '
+            f"{bound.digest} is neither); it was not written by a Recorder"
+        )
+    with _lock:
+        _recent[bound.digest] = record
+        while len(_recent) > 4:
+            _recent.pop(next(iter(_recent)))
     return record
+
+
+_lock = threading.Lock()
+_recent: dict[str, dict[str, Any]] = {}  # digest -> record: a digest names the bytes for good
 
 
 def facts(store: Any, run: str, forward: int) -> list[dict[str, Any]]:
@@ -136,12 +186,16 @@ def facts(store: Any, run: str, forward: int) -> list[dict[str, Any]]:
         raise TypeError(f"forward is an index (an int), not a {type(forward).__qualname__}")
     flush_pending(store, run)
     bound = store.resolve(forward_name(run, forward)) if forward >= 0 else None
-    if bound is None:
+    if bound is not None:
+        bound = forwards_of(bound, forward)[0][1]
+    else:
         found = listed(store, run)
         count = len(found)
         if -count <= forward < 0:
             bound = found[forward][1]
-        else:
+        elif forward >= 0:  # inside a batch bound under an earlier index
+            bound = dict(found).get(forward)
+        if bound is None:
             raise RecordError(
                 f"run {run!r} has forwards 0 to {count - 1} (or -{count} to -1 from the end); "
                 f"there is no forward {forward}"

@@ -1,22 +1,30 @@
-"""The Recorder: what happened, written down one forward at a time.
+"""The Recorder: what happened, written down behind the run, a batch at a time.
 
-A record is every fact from one ``began`` up to the next, so what a trainer says after
-the engine's ``finished`` (``loss``, ``updated``) lands in the forward it belongs to.
-It is bound as ``run/{run}/{i}`` the moment ``finished`` arrives, and bound again only
-when later facts are still unwritten and something asks for them: the next ``began``,
-``flush()``, ``close()``, or the end of the interpreter.
+A forward's record is every fact from one ``began`` up to the next, so what a trainer
+says after the engine's ``finished`` (``loss``, ``updated``) lands in the forward it
+belongs to. A writer thread writes the forwards that finished as one batch at most a
+quarter second after the first of them did, bound as ``run/{run}/{i}`` for the batch's
+first forward; ``flush()``, ``close()`` and the end of the interpreter write whatever
+is left. Readers in this process (``somatize.record``, ``somatize.health``) flush the
+Recorders of the run they read first, so what was said here is read here; a reader
+elsewhere sees a batch whole or not at all, at most about half a second behind.
 
-A record is one JSON document, ``{"format": 1, "run": ..., "forward": i, "facts":
-[...]}``; a float that is not finite is written as JSON's common ``NaN``/``Infinity``
-extension, which Python reads back, since a diverging loss is exactly what a record
-must keep. Each fact is turned into JSON as it arrives, so a fact that cannot be written down is
-refused to whoever said it, while the state is still as it was, and a rewrite costs
-a join rather than a second encoding.
+A batch is one JSON document, ``{"format": 2, "run": ..., "forward": i, "forwards":
+[[facts of i], [facts of i + 1], ...]}``, and its name's meta holds, under the key
+``""`` (which no summarised fact can have), one summary per forward (or, for a run that
+summarises nothing, how many forwards it holds); the readers see
+one forward at a time either way, and still read the records of format 1, one forward
+each with its ``"facts"``. A float that is not finite is written as JSON's common
+``NaN``/``Infinity`` extension, which Python reads back, since a diverging loss is
+exactly what a record must keep. A fact of plain values is kept as it came and turned
+into JSON with its batch; any other is turned into JSON as it arrives, so a fact that
+cannot be written down is refused to whoever said it, while the state is still as it was.
 
-A record that cannot be written (a full disk, a read-only store) never fails the
-forward or the step that said it: the Recorder warns once, with the reason, counts
-every forward whose record it lost (``Recorder.lost``), and tries again with the next
-one, so recording resumes by itself once the store can be written again.
+A batch that cannot be written (a full disk, a read-only store) never fails the
+forward or the step that said it: the Recorder warns once, with the reason, and tries
+again on its next write, so recording resumes by itself once the store can be written
+again; ``Recorder.lost`` counts the forwards it gave up on (those still unwritten at
+``close()``, or more than it keeps waiting).
 """
 
 from __future__ import annotations
@@ -32,10 +40,17 @@ from typing import Any
 
 from .._errors import RecordError, UnwritableError
 
-__all__ = ["FORMAT", "Recorder", "check_run", "default_run", "flush_pending", "forward_name"]
+__all__ = ["EACH", "FORMAT", "Recorder", "check_run", "default_run", "flush_pending", "forward_name"]
 
 #: The version of the record's shape this somatize writes, and the newest it reads.
-FORMAT = 1
+FORMAT = 2
+#: The meta key of a batch's summaries, one per forward: no summarised fact is called "".
+EACH = ""
+TRAIL = 0.25  # seconds the writer lets facts gather before it writes them
+PER_OBJECT = 1000  # forwards in one batch at most
+KEPT_UNWRITTEN = 100_000  # forwards kept while the store refuses them, at most
+_PLAIN = frozenset((str, int, float, bool, type(None)))
+_KEYS = frozenset((str,))
 
 _SCALARS = (str, int, float, bool, type(None))
 _stamp_lock = threading.Lock()
@@ -53,6 +68,8 @@ def _plain(value: Any) -> Any:
 
 
 _encode = json.JSONEncoder(separators=(",", ":"), allow_nan=True, default=_plain).encode
+# What a batch of plain facts is written with: they hold no containers, so no cycles.
+_batch = json.JSONEncoder(separators=(",", ":"), allow_nan=True, check_circular=False).encode
 
 
 def default_run() -> str:
@@ -126,29 +143,40 @@ def _summarised(summarising: Any) -> tuple[str, ...]:
     return names
 
 
+def held(bound: Any) -> int:
+    """How many forwards one binding of a run holds: a batch's count, else one."""
+    each = bound.meta.get(EACH) if type(bound.meta) is dict else None
+    if type(each) is list and each:
+        return len(each)
+    return each if type(each) is int and each > 0 else 1
+
+
 def next_forward(store: Any, run: str) -> int:
     """The index after the last forward a run already has (0 for a new run)."""
     prefix = f"run/{run}"
-    last = -1
+    after = 0
     for bound in store.bound(prefix):
         rest = bound.name[len(prefix) + 1:]
         if rest.isdigit() and rest.isascii():
-            last = max(last, int(rest))
-    return last + 1
+            after = max(after, int(rest) + held(bound))
+    return after
 
 
 class Recorder:
-    """Writes down what happened, one record per forward, as ``run/{run}/{i}`` in a store.
+    """Writes down what happened, one record per forward, in batches under ``run/{run}/``
+    in a store, at most about half a second behind the run.
 
     Call it with each fact (it is a watcher: ``g.forward(x, watching=recorder)``). A
-    forward is resolvable as soon as its ``finished`` arrives — a Trainer's step (its
-    ``began`` says ``step``) as soon as its ``loss`` does, which is right after; facts
-    that come later still are bound with it again at the next ``began``, on
-    ``flush()``/``close()``, or when the interpreter exits — the Recorder does not
-    have to be closed, and can still be garbage-collected. ``summarising=["loss"]``
-    copies the last value of each named fact into the binding's meta, so a curve is
-    read from names alone. A directory store is written without fsync: every write is
-    still whole (temp file and rename), but the last few may not survive a power cut.
+    writer thread writes the forwards that finished (a Trainer's step, whose ``began``
+    says ``step``, once its ``loss`` is in) a quarter second after the first of them
+    did, as one batch; facts said later are written with their forward again.
+    ``flush()`` writes everything now; ``close()`` too, and then refuses more; the end
+    of the interpreter, or the Recorder being garbage-collected, writes what is left,
+    so it need not be closed. ``somatize.record``'s readers in this process flush it
+    first. ``summarising=["loss"]`` copies the last value of each named fact into the
+    binding's meta, so a curve is read from names alone. A directory store is written
+    without fsync: every write is still whole (temp file and rename), but the last few
+    may not survive a power cut.
 
     A run that already has records is continued after its last forward, and a forward
     index taken meanwhile by another process is skipped, never overwritten. A store
@@ -182,9 +210,10 @@ class Recorder:
 
     @property
     def lost(self) -> int:
-        """How many forwards' records could not be written (whole, or their last facts):
-        the store refused them (it was full, read-only, unreachable), which the
-        Recorder said once, as a warning, when it first happened."""
+        """How many forwards' records were given up (whole, or their last facts): the
+        store refused them (it was full, read-only, unreachable) until ``close()``, or
+        for more than ``KEPT_UNWRITTEN`` forwards; the Recorder said so once, as a
+        warning, when it was first refused."""
         return self._book.lost
 
     def __call__(self, fact: dict[str, Any]) -> None:
@@ -209,12 +238,34 @@ class Recorder:
         return f"Recorder(run={self.run!r}, forwards={self._book.forwards}{lost})"
 
 
-class _Book:
-    """What a Recorder holds: the forward being recorded and where it goes.
+class _Entry:
+    """One forward as the book holds it: its facts (plain ones as they came, the others
+    as JSON already) and its summarised values."""
 
-    Writes happen in the thread that brings the fact that calls for them, under the
-    lock. A writer thread for the rewrites was tried and measured slower: handing the
-    GIL back and forth cost more than the rewrite it moved.
+    __slots__ = ("began", "items", "plain", "ready", "stepping", "summary", "written")
+
+    def __init__(self) -> None:
+        self.items: list[Any] = []
+        self.plain = True  # every item is a fact as it came, none JSON already
+        self.summary: dict[str, Any] = {}
+        self.began = False
+        self.stepping = False  # a Trainer's forward: ready once its loss is in
+        self.ready = False  # finished (or closed by the next began): worth writing
+        self.written = False
+
+
+_Said = tuple[_Entry, int, dict[str, Any]]  # a forward, how many facts it said, its summary
+
+
+class _Book:
+    """What a Recorder holds: the forwards not written yet, the last batch written, and
+    the writer thread that writes them behind the run.
+
+    The writer wakes when there is something to write, lets a quarter second of facts
+    gather, then writes every ready forward as one batch: one object and one name for
+    all of them, where a name and an object per forward cost more than the forward.
+    The last forward of the last batch may still hear facts (a Trainer's ``loss``
+    after ``finished``); then that batch is written again, with whatever came since.
     """
 
     def __init__(self, store: Any, run: str, summarising: tuple[str, ...], first: int):
@@ -222,20 +273,22 @@ class _Book:
         self.run = run
         self.summarising = summarising
         self.wanted = frozenset(summarising)
-        self.lock = threading.Lock()
-        self.next = first  # the index the next forward takes
-        self.current: int | None = None  # the index of the forward being recorded
-        self.lines: list[str] = []  # its facts, as JSON
-        self.summary: dict[str, Any] = {}
-        self.unwritten = False
+        self.lock = threading.Lock()  # guards what follows; never held while writing
+        self.writing = threading.Lock()  # one batch written at a time
+        self.next = first  # the index the next batch starts at
+        self.pending: list[_Entry] = []  # forwards not written yet, in order
+        self.current: _Entry | None = None  # the forward facts go to
+        self.sealed: list[_Entry] = []  # the last batch written
+        self.sealed_at = -1  # ...bound at this index
+        self.dirty = False  # its last forward heard more since it was written
         self.closed = False
         self.forwards = 0
-        self.claimed: int | None = None  # the forward whose name this book holds
-        self.stepping = False  # a Trainer's forward: written when its loss is in
         self.lost = 0  # forwards whose record the store refused, for good
         self.warned = False
         self.where = getattr(store, "where", None)
         self.head = f'{{"format":{FORMAT},"run":{json.dumps(run)},"forward":'  # then the index
+        self.wake = threading.Event()
+        self.writer_pid = 0  # the process whose writer thread is running, if any
 
     def take(self, fact: Any) -> None:
         if type(fact) is not dict:
@@ -243,94 +296,168 @@ class _Book:
         kind = fact.get("fact")
         if type(kind) is not str:
             raise TypeError(f"a fact names itself with a str under 'fact'; this one does not: {fact!r}")
-        line = _line(fact, kind)
+        # Plain facts are kept as they are and turned into JSON a batch at a time; any
+        # other is turned into JSON now, so what cannot be written is refused here.
+        if _PLAIN.issuperset(map(type, fact.values())) and _KEYS.issuperset(map(type, fact)):
+            item: Any = fact.copy()
+        else:
+            item = _line(fact, kind)
         with self.lock:
             if self.closed:
                 raise RecordError(
                     f"the Recorder of run {self.run!r} is closed; make a new "
                     f"Recorder(store, run={self.run!r}) to go on with the run"
                 )
-            if kind == "began":
-                self._began()
-                self.stepping = "step" in fact
-            self.lines.append(line)
+            entry = self.current
+            if entry is None or (kind == "began" and entry.began):
+                if entry is not None:
+                    entry.ready = True
+                entry = self.current = _Entry()
+                self.pending.append(entry)
+                self.forwards += 1
+            if kind == "began":  # facts said before the first forward open it
+                entry.began = True
+                entry.stepping = "step" in fact
+            entry.items.append(item)
+            if type(item) is str:
+                entry.plain = False
             if kind in self.wanted:
-                self.summary[kind] = _summary(fact, kind)
-            # A forward is written when it finishes, so it can be read the moment the
-            # caller has it back; a Trainer's, once its step's loss is in (it says it
-            # right after), so a step costs one write and not two.
-            if self.current is not None and (
-                    (kind == "finished" and not self.stepping) or (kind == "loss" and self.stepping)):
-                self.stepping = False
-                self._write()
-            else:
-                self.unwritten = True
+                entry.summary[kind] = _summary(fact, kind)
+            if entry.written:
+                self.dirty = True
+            if (kind == "finished" and not entry.stepping) or (kind == "loss" and entry.stepping):
+                entry.ready = True
+        if not self.wake.is_set():
+            self._wake()
 
-    def _began(self) -> None:
-        if self.current is not None:
-            if self.unwritten and not self._write():
-                self.lost += 1  # its second chance, and its last
-            self.lines = []
-            self.summary = {}
-        # else: facts said before the first forward open it
-        self.current = self.next
-        self.next += 1
-        self.forwards += 1
+    def _wake(self) -> None:
+        pid = os.getpid()
+        if self.writer_pid != pid:  # none yet, or this is a fork, which has no threads
+            self.writer_pid = pid
+            threading.Thread(target=self._writing, name=f"somatize-recorder-{self.run}",
+                             daemon=True).start()
+        self.wake.set()
+
+    def _writing(self) -> None:
+        while True:
+            self.wake.wait()
+            if self.closed:
+                return
+            time.sleep(TRAIL)  # let what the next quarter second says join this batch
+            self.wake.clear()
+            if self.closed:
+                return
+            self._write(everything=False)
 
     def flush(self) -> None:
-        with self.lock:
-            self._flush()
+        self._write(everything=True)
 
     def close(self) -> None:
         _open.discard(self)
         with self.lock:
-            if not self.closed:
-                self.closed = True
-                self._flush()
+            if self.closed:
+                return
+            self.closed = True
+        self.wake.set()  # the writer sees closed and ends
+        if not self._write(everything=True):
+            with self.lock:
+                self.lost += len(self.pending) + self.dirty
+                self.pending = []
+                self.dirty = False
 
-    def _flush(self) -> None:
-        if not self.unwritten or not self.lines:
-            return
-        if self.current is None:  # facts without any forward still make a record
-            self.current = self.next
-            self.next += 1
-            self.forwards += 1
-        if not self._write() and self.closed:
-            self.lost += 1
+    def _write(self, everything: bool) -> bool:
+        """Writes the forwards that are ready (all of them with ``everything``), and the
+        last batch again if it heard more; False if the store refused, the forwards
+        staying for the next try. The facts' lock is held only to choose what to write
+        and to take note of what was, so forwards go on while the batch is written."""
+        with self.writing:
+            with self.lock:
+                plan = self._plan(everything)
+            for again, batch in plan:
+                try:  # a new batch goes after the last one bound, wherever that landed
+                    at = self._put(self.sealed_at if again else self.next, batch, again)
+                except OSError as exc:  # every StoreError is one
+                    self._refused(exc)
+                    return False
+                with self.lock:  # noted at once: a batch bound is never bound twice
+                    self._wrote(at, batch, again)
+            return True
 
-    def _write(self) -> bool:
-        """Writes the forward being recorded; False, having said so once, if the store
-        refused it — the facts stay, for the next try."""
-        try:
-            self._put()
-        except OSError as exc:  # every StoreError is one
+    def _plan(self, everything: bool) -> list[tuple[bool, list[_Said]]]:
+        """What to write: ``(again, [(entry, how many of its facts, its summary)])`` per
+        batch, as the forwards are now (facts may come while they are written)."""
+        going = len(self.pending)
+        if not everything and going and not self.pending[-1].ready:
+            going -= 1
+        fresh = [self._said(entry) for entry in self.pending[:going]]
+        plan = []
+        if self.dirty:
+            room = max(0, PER_OBJECT - len(self.sealed))
+            plan.append((True, [self._said(entry) for entry in self.sealed] + fresh[:room]))
+            fresh = fresh[room:]
+        while fresh:
+            plan.append((False, fresh[:PER_OBJECT]))
+            fresh = fresh[PER_OBJECT:]
+        return plan
+
+    def _said(self, entry: _Entry) -> _Said:
+        return entry, len(entry.items), {name: entry.summary.get(name) for name in self.summarising}
+
+    def _wrote(self, at: int, batch: list[_Said], again: bool) -> None:
+        """Takes note that ``batch`` is bound at ``at``."""
+        entries = [entry for entry, _, _ in batch]
+        added = len(entries) - len(self.sealed) if again else len(entries)
+        del self.pending[:added]
+        for entry in entries:
+            entry.written = True
+        self.sealed, self.sealed_at = entries, at
+        self.next = max(self.next, at + len(entries))
+        last, said, _ = batch[-1]
+        self.dirty = len(last.items) > said  # it heard more while the batch was written
+
+    def _refused(self, exc: OSError) -> None:
+        with self.lock:
             if not self.warned:
                 self.warned = True
                 warnings.warn(
                     f"the Recorder of run {self.run!r} could not write forward "
-                    f"{self.current} to {self.where}: {exc}. Training goes on; the Recorder "
-                    "tries again with each forward, and Recorder.lost counts the forwards "
-                    "whose record it could not write", UserWarning, stacklevel=5)
-            return False
-        self.unwritten = False
-        return True
+                    f"{self.sealed_at if self.dirty else self.next} to {self.where}: {exc}. "
+                    "Training goes on; the Recorder tries again, and Recorder.lost counts the "
+                    "forwards whose record it could not write", UserWarning, stacklevel=6)
+            if len(self.pending) > KEPT_UNWRITTEN:  # the store has refused for long: let go
+                dropped = len(self.pending) - KEPT_UNWRITTEN
+                self.lost += dropped
+                del self.pending[:dropped]
 
-    def _put(self) -> None:
-        meta = {name: self.summary.get(name) for name in self.summarising}
-        if self.claimed == self.current:
-            self.store.bind(forward_name(self.run, self.current), self.store.put(self._body()), meta)
-        else:
-            # The first binding of a forward is a claim: another process recording the
-            # same run may have taken this index, and its record is not ours to replace.
-            while not self.store.claim(forward_name(self.run, self.current),
-                                       self.store.put(self._body()), meta):
-                self.current = self.next
-                self.next += 1
-            self.claimed = self.current
+    def _put(self, at: int, batch: list[_Said], again: bool) -> int:
+        """Binds ``batch`` as the forwards from ``at``; answers where it was bound."""
+        each: Any = [summary for _, _, summary in batch] if self.summarising else len(batch)
+        meta = {EACH: each}
+        if again:
+            self.store.bind(forward_name(self.run, at), self.store.put(self._body(at, batch)), meta)
+            return at
+        # The first binding of a batch is a claim: another process recording the same
+        # run may have taken this index, and its record is not ours to replace.
+        while not self.store.claim(forward_name(self.run, at),
+                                   self.store.put(self._body(at, batch)), meta):
+            at = max(at + 1, next_forward(self.store, self.run))
+        return at
 
-    def _body(self) -> bytes:
-        return "".join((self.head, str(self.current), ',"facts":[', ",".join(self.lines),
-                        "]}")).encode()
+    def _body(self, at: int, batch: list[_Said]) -> bytes:
+        texts, plain = [], []
+        for entry, said, _ in batch:
+            items = entry.items[:said]
+            if entry.plain:
+                plain.append(items)
+                continue
+            if plain:
+                texts.append(_batch(plain)[1:-1])
+                plain = []
+            texts.append("[" + ",".join(item if type(item) is str else _batch(item)
+                                        for item in items) + "]")
+        if plain:
+            texts.append(_batch(plain)[1:-1])
+        return "".join((self.head, str(at), ',"forwards":[', ",".join(texts), "]}")).encode()
 
 
 def _line(fact: dict[str, Any], kind: str) -> str:

@@ -81,7 +81,7 @@ class Audit:
         self._armed = False
         self._steered = False  # a Trainer says when its steps begin
         self._held: Held | None = None  # the weights of what is watched
-        self._before: dict[Any, torch.Tensor] | None = None  # them as this step found them
+        self._before: dict[Any, list[torch.Tensor]] | None = None  # them as this step found them
         self._keep: list[torch.Tensor] | None = None  # probe holds what was produced
         self._probes = 1  # gradients pooled over this many probes are read as one
 

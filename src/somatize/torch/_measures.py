@@ -46,8 +46,9 @@ class Place:
         self.clear()
 
     def clear(self) -> None:
-        self.acts: list[tuple[int, int, list[torch.Tensor]]] = []  # count, bounded, scalars
-        self.grads: list[tuple[int, list[torch.Tensor]]] = []
+        # count, bounded, scalars, and whether none was non-finite (then not among them)
+        self.acts: list[tuple[int, int, list[torch.Tensor], bool]] = []
+        self.grads: list[tuple[int, list[torch.Tensor], bool]] = []
         self.alive: torch.Tensor | None = None
         self.kept_acts: list[torch.Tensor] = []
         self.kept_grads: list[torch.Tensor] = []
@@ -97,11 +98,11 @@ class Place:
         mean = flat.mean()
         parts = [mean, torch.dist(flat, mean)]  # one fused pass, nothing written; squared later
         parts.append(_dot(flat.sign()))  # how many are not zero (NaN if a NaN is)
-        parts.append(_nonfinite(flat))
+        finite = _nonfinite_into(parts, flat, mean)
         saturated = saturation(tensor, flat, self.marked)
         if saturated is not None:
             parts.append(saturated[0])  # how many are at a bound
-        self.acts.append((x.numel(), 0 if saturated is None else saturated[1], parts))
+        self.acts.append((x.numel(), 0 if saturated is None else saturated[1], parts, finite))
         if first and self.tracks and x.dim() >= 2:
             alive = x.ne(0).any(dim=0)
             if alive.dim() > 1:
@@ -114,29 +115,33 @@ class Place:
     def gradient(self, grad: torch.Tensor) -> None:
         if not self.audit._armed:
             return
-        g = grad.detach()
+        g = grad.detach() if grad.requires_grad else grad  # (it does under create_graph)
         if g.dtype in _HALF:
             g = g.float()
         flat = g.reshape(-1)
         # The spread is read off E[g²] - E[g]²: a gradient's mean is rarely many times
         # its spread, so the cancellation that rules this out for activations does not
         # bite, and it saves two passes.
-        self.grads.append((g.numel(), [flat.sum(), _dot(flat), _nonfinite(flat)]))
+        total = flat.sum()
+        parts = [total, _dot(flat)]
+        self.grads.append((g.numel(), parts, _nonfinite_into(parts, flat, total)))
         if self.audit._measured % self.audit.snapshot == 0:
             self.kept_grads.append(g.flatten())
 
     def gather(self, sink: Sink, k: int, hist: bool) -> Any:
         """Puts this step's device numbers in the sink; answers how to read them back."""
-        acts = [(n, b, sink.add(parts)) for n, b, parts in self.acts]
-        grads = [(n, sink.add(parts)) for n, parts in self.grads]
+        acts = [(n, b, sink.add(parts), finite) for n, b, parts, finite in self.acts]
+        grads = [(n, sink.add(parts), finite) for n, parts, finite in self.grads]
         dead = self._dead(sink, k) if self.tracks and self.alive is not None else None
         act_hist = sink.add_vector(_histogram(self.kept_acts)) if hist and self.kept_acts else None
         grad_hist = sink.add_vector(_histogram(self.kept_grads)) if hist and self.kept_grads \
             else None
 
         def read(sink: Sink) -> dict[str, Any]:
-            out = _pooled_acts([(n, b, sink.get(h)) for n, b, h in acts])
-            out.update(_pooled_grads([(n, sink.get(h)) for n, h in grads], self.audit._probes))
+            out = _pooled_acts([(n, b, _zero_at(sink.get(h), 3, finite))
+                                for n, b, h, finite in acts])
+            out.update(_pooled_grads([(n, _zero_at(sink.get(h), 2, finite)) for n, h, finite in grads],
+                                     self.audit._probes))
             if acts or grads:
                 out["nonfinite"] = out.pop("_act_nonfinite", 0) + out.pop("_grad_nonfinite", 0)
             if dead is not None:  # how many stayed zero, and out of how many
@@ -211,7 +216,10 @@ class Sink:
     def read(self) -> None:
         for device in {*self.scalars, *self.vectors}:
             parts = [torch.stack(self.scalars[device])] if device in self.scalars else []
-            joined = torch.cat(parts + self.vectors.get(device, []))  # to the widest dtype
+            if device not in self.vectors:  # scalars alone: to the widest dtype already
+                self.values[device] = parts[0].tolist()
+                continue
+            joined = torch.cat(parts + self.vectors[device])  # to the widest dtype
             if device.type != "mps":  # which has no float64
                 joined = joined.double()
             self.values[device] = joined.tolist()
@@ -233,6 +241,27 @@ def _nonfinite(flat: torch.Tensor) -> torch.Tensor:
     """How many values are NaN or infinite: those are the ones a zero times them is
     not zero. Read as a float sum, which is far cheaper than a boolean one."""
     return flat.mul(0).nan_to_num_(1.0).sum()
+
+
+def _nonfinite_into(parts: list[torch.Tensor], flat: torch.Tensor, total: torch.Tensor) -> bool:
+    """Appends how many of ``flat`` are not finite to ``parts``, or answers True, having
+    appended nothing, where ``total`` (their sum or mean) says that is none.
+
+    A sum is finite only if every value is, so on a CPU, where reading it costs no
+    sync and each pass over the values is paid for by the step, a finite total says
+    zero without counting (an overflowing sum of finite values is counted, and found
+    to be zero). On a GPU the count is two launches, and reading the total would be a
+    sync, so it is always counted there."""
+    if flat.device.type == "cpu" and math.isfinite(total.item()):
+        return True
+    parts.append(_nonfinite(flat))
+    return False
+
+
+def _zero_at(values: list[float], at: int, zero: bool) -> list[float]:
+    """``values`` as read, with the count of non-finite values put back ``at`` its place
+    where it was known to be zero and so never measured."""
+    return values[:at] + [0.0] + values[at:] if zero else values
 
 
 def _pooled_acts(pieces: list[tuple[int, int, list[float]]]) -> dict[str, Any]:
@@ -291,8 +320,9 @@ class Held:
     each), and counts as many times as the entries it stands for: copying every weight
     and passing over it twice, each measured step, would cost a tenth of a step on a
     CPU, and a sample this size puts both numbers within a few percent of the whole.
-    What is read of every tensor on one device goes into one flat buffer, so a step
-    costs a handful of operations per device however many tensors there are.
+    The tensors of one device are copied, subtracted and measured each in one
+    ``_foreach`` call, so a step costs a handful of operations per device however many
+    tensors there are.
     """
 
     def __init__(self, wheres: list[Place], sampled: int | None):
@@ -306,11 +336,9 @@ class Held:
                       for p, i in zip(params, self.index)]
         self.trained = [p.requires_grad for p in params]
         self.mine = [list(dict.fromkeys(at[id(p)] for p in where.params)) for where in wheres]
-        self.devices: dict[Any, tuple[list[int], Any]] = {}
+        self.devices: dict[Any, list[int]] = {}  # the tensors on each device
         for k, p in enumerate(params):
-            self.devices.setdefault(p.device, ([], None))[0].append(k)
-        for device, (ks, _) in self.devices.items():  # how much of the buffer each one is
-            self.devices[device] = (ks, [self._read(k).numel() for k in ks])
+            self.devices.setdefault(p.device, []).append(k)
 
     def _index(self, p: torch.Tensor) -> torch.Tensor | None:
         """Which runs of ``_RUN`` entries stand for ``p`` (None: all of it)."""
@@ -325,7 +353,7 @@ class Held:
         The views are kept between steps, and made again if the tensor's storage was
         swapped (``module.to(...)``, a ``load_state_dict`` that assigns)."""
         p, view = self.params[k], self.views[k]
-        if view is None or view.data_ptr() != p.data_ptr() or view.device != p.device:
+        if view is None or view.data_ptr() != p.data_ptr():  # another device is another storage
             flat = p.detach().reshape(-1)
             index = self.index[k]
             if index is not None:
@@ -333,17 +361,19 @@ class Held:
                 flat = flat[:flat.shape[0] - flat.shape[0] % _RUN].view(-1, _RUN)
             view = self.views[k] = flat
         index = self.index[k]
-        return view if index is None else view.index_select(0, index).view(-1)
+        return view if index is None else view.index_select(0, index)  # norms need no flat copy
 
-    def taken(self) -> dict[Any, torch.Tensor]:
-        """Everything read, as it is now: one flat copy per device, for after the
-        update. Empty if a tensor moved to another device since the Audit was made
-        (no ratio for that step; ``watch`` again to follow it)."""
-        try:
-            return {device: torch.cat([self._read(k) for k in ks])
-                    for device, (ks, _) in self.devices.items()}
-        except RuntimeError:
-            return {}
+    def taken(self) -> dict[Any, list[torch.Tensor]]:
+        """Everything read, as it is now: a copy of each, per device (made in one call),
+        for after the update. Empty if a tensor moved to another device since the
+        Audit was made (no ratio for that step; ``watch`` again to follow it)."""
+        out = {}
+        for device, ks in self.devices.items():
+            reads = [self._read(k) for k in ks]
+            if any(read.device != device for read in reads):
+                return {}
+            out[device] = list(torch._foreach_mul(reads, 1.0))
+        return out
 
     def measured(self, sink: Sink, before: dict[Any, torch.Tensor] | None) -> Any:
         """Puts, per tensor, its squared norm now, before and of its change in the
@@ -351,12 +381,11 @@ class Held:
         if not self.params:
             return lambda at: {}
         placed: dict[int, tuple[Any, int, int]] = {}  # tensor -> handle, column, columns
-        for device, (ks, sizes) in self.devices.items():
-            now = torch.cat([self._read(k) for k in ks])
-            rows = [now] if before is None or device not in before else \
-                [now, before[device], now - before[device]]
-            parts = [part for row in rows for part in row.split_with_sizes(sizes)]
-            handle = sink.add(list(torch._foreach_norm(parts)))
+        for device, ks in self.devices.items():
+            now = [self._read(k) for k in ks]
+            was = None if before is None else before.get(device)
+            parts = now if was is None else [*now, *was, *torch._foreach_sub(now, was)]
+            handle = sink.add(list(torch._foreach_norm(parts)))  # one call for them all
             for column, k in enumerate(ks):
                 placed[k] = (handle, column, len(ks))
         moved = before is not None

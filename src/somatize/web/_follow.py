@@ -5,12 +5,12 @@
 writes: whatever draws a page over it cannot change the store, even by mistake.
 
 It catches up two ways. ``scan`` lists every run's names: the only way to learn of a
-new run, and the costly one (a name read per forward), so it runs at most every
-``SCAN_EVERY`` seconds, and never more than a tenth of the time. ``follow(run)`` asks
-for the names after a run's last forward, one at a time until one is missing, then for
-the previous last forward again (a Recorder binds a forward a second time when facts
-said after its ``finished`` are written, which happens as the next forward begins), so
-a run that grew by three forwards costs five name reads, whatever its length. Names
+new run, and the costly one (a name read per batch of forwards), so it runs at most
+every ``SCAN_EVERY`` seconds, and never more than a tenth of the time. ``follow(run)``
+asks for the name after a run's last forward, and the one after that batch, until one
+is missing, then for the binding that held the previous last forward again (a Recorder
+writes a batch again when its last forward heard more after it was written), so a run
+that grew by three batches costs five name reads, whatever its length. Names
 are never unbound, so what was read stays true until it is bound again. Objects are
 kept by digest, whose bytes never change, up to ``keep_bytes``.
 """
@@ -21,6 +21,8 @@ import threading
 import time
 from collections import OrderedDict
 from typing import Any
+
+from ..record._read import forwards_of
 
 __all__ = ["Following"]
 
@@ -40,18 +42,34 @@ def _forward(name: str) -> tuple[str, int] | None:
 
 
 class _Run:
-    """What has been read of one run: its forwards' bindings, by index."""
+    """What has been read of one run: its bindings as the store has them (a batch of
+    forwards under the index of its first), and each forward's, by index."""
 
-    __slots__ = ("bounds", "followed_at", "last", "listing", "lock", "log", "version")
+    __slots__ = ("bounds", "followed_at", "last", "last_at", "listing", "lock", "log", "raw",
+                 "version")
 
     def __init__(self) -> None:
-        self.bounds: dict[int, Any] = {}
+        self.raw: dict[int, Any] = {}  # the bindings, by the index they are bound at
+        self.bounds: dict[int, Any] = {}  # each forward's, by its index
         self.last = -1  # the highest index read
+        self.last_at = -1  # the index of the binding that holds it (a batch's first)
         self.version = 0  # counts the changes, so a reader can tell that nothing moved
         self.log: list[int] = []  # the index each change was to: change v is log[v - 1]
         self.listing: list[Any] | None = None  # the bindings sorted by name, as Store.bound answers
         self.followed_at = 0.0
         self.lock = threading.Lock()  # one look at the newest names at a time
+
+    def took(self, at: int, bound: Any) -> None:
+        """Takes in one binding of the run, bound at ``at``: each forward it holds."""
+        had = self.raw.get(at)
+        if had is not None and had.when > bound.when:
+            return
+        if had != bound:
+            self.raw[at] = bound
+            self.listing = None
+        for index, one in forwards_of(bound, at):
+            if self.take(index, one) and index == self.last:
+                self.last_at = at
 
     def take(self, index: int, bound: Any) -> bool:
         had = self.bounds.get(index)
@@ -61,7 +79,6 @@ class _Run:
         self.last = max(self.last, index)
         self.version += 1
         self.log.append(index)
-        self.listing = None
         return True
 
 
@@ -113,8 +130,9 @@ class Following:
             run = self._known(found[0])
             if run is not None:
                 with self._lock:
-                    bound = run.bounds.get(found[1])
-                if bound is not None:
+                    bound = run.raw.get(found[1])
+                    inside = found[1] in run.bounds  # a forward inside a batch: no name of its own
+                if bound is not None or inside:
                     return bound
         return self._store.resolve(name)
 
@@ -173,7 +191,7 @@ class Following:
                 for bound in listed:
                     found = _forward(bound.name)
                     if found is not None:
-                        self._runs.setdefault(found[0], _Run()).take(found[1], bound)
+                        self._runs.setdefault(found[0], _Run()).took(found[1], bound)
                 self._scan_took = time.monotonic() - began
                 self._scanned_at = time.monotonic()
             return True
@@ -201,23 +219,25 @@ class Following:
         return found.version
 
     def _newest(self, name: str, run: _Run) -> None:
-        last = run.last
+        after = run.last + 1
         new = []
         while len(new) < PROBES:
-            bound = self._store.resolve(f"run/{name}/{last + 1 + len(new)}")
+            bound = self._store.resolve(f"run/{name}/{after}")
             if bound is None:
                 break
             new.append(bound)
+            after = forwards_of(bound, after)[-1][0] + 1  # past the batch it is
         if len(new) == PROBES:  # far behind: one listing (parallel on a bucket) is cheaper
             new = self._store.bound(f"run/{name}")
         # Asked after the newer ones: had the previous last been bound again, it was
         # before the next forward was, so this read sees its final form.
-        again = self._store.resolve(f"run/{name}/{last}") if last >= 0 else None
+        at = run.last_at
+        again = self._store.resolve(f"run/{name}/{at}") if at >= 0 else None
         with self._lock:
             for bound in new + ([again] if again is not None else []):
                 found = _forward(bound.name)
                 if found is not None and found[0] == name:
-                    run.take(found[1], bound)
+                    run.took(found[1], bound)
 
     def _scanned(self) -> None:
         if self._scanned_at is None:
@@ -241,13 +261,13 @@ class Following:
         with self._lock:
             run = self._runs.setdefault(name, _Run())
             for index, bound in forwards:
-                run.take(index, bound)
+                run.took(index, bound)
         return run
 
     def _listing(self, run: _Run) -> list[Any]:
         with self._lock:
             if run.listing is None:
-                run.listing = sorted(run.bounds.values(), key=_name)
+                run.listing = sorted(run.raw.values(), key=_name)
             return run.listing
 
 

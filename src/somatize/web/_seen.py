@@ -15,6 +15,7 @@ import threading
 from typing import Any
 
 from ..record import Run, facts
+from ..record._read import forwards_of
 from ._follow import Following
 
 __all__ = ["Losses", "Shape"]
@@ -68,7 +69,8 @@ class Shape(_Kept):
         if again:  # a forward bound again no longer says what was the latest: count afresh
             self.latest = {}
             for bound in following.bound(f"run/{self.run}"):
-                self._summarise(int(bound.name.rsplit("/", 1)[1]), bound.meta)
+                for index, one in forwards_of(bound, int(bound.name.rsplit("/", 1)[1])):
+                    self._summarise(index, one.meta)
 
     def _summarise(self, index: int, meta: dict[str, Any]) -> bool:
         """Takes one forward's meta in; answers whether the latest values must be counted again."""

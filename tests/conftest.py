@@ -1,0 +1,23 @@
+"""What every test shares: a test marked ``cuda`` runs only where torch sees a CUDA
+device, and is skipped with the reason anywhere else (CI never needs one)."""
+
+import pytest
+
+
+def _without_cuda() -> str | None:
+    """Why CUDA tests cannot run here, or None if they can."""
+    try:
+        import torch
+    except ImportError:
+        return "needs torch with CUDA, and torch is not installed"
+    if not torch.cuda.is_available():
+        return f"needs a CUDA device, and torch {torch.__version__} sees none"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    marked = [item for item in items if item.get_closest_marker("cuda") is not None]
+    why = _without_cuda() if marked else None  # torch is imported only if a test asks
+    if why is not None:
+        for item in marked:
+            item.add_marker(pytest.mark.skip(reason=why))
