@@ -20,7 +20,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Backend", "Outcome", "Slice", "backend_of", "fan_out", "listing"]
+__all__ = ["Backend", "Later", "Outcome", "Slice", "backend_of", "fan_out", "finish", "listing",
+           "spread"]
 
 
 @dataclass(frozen=True)
@@ -99,15 +100,59 @@ def fan_out(backend: Backend, pieces: list[Slice],
             return [(backend.run(pieces[0]), None)]
         except Exception as exc:
             return [(None, exc)]
-    futures = [backend.submit(piece) for piece in pieces]
-    if meanwhile is not None:
-        try:
+    return finish(spread(backend, pieces, meanwhile))
+
+
+def spread(backend: Backend, pieces: list[Slice], meanwhile: Callable[[], None] | None = None):
+    """``fan_out`` as a generator that yields once, when every slice is out and
+    ``meanwhile`` ran: whoever drives it may do more here before the answers are read
+    (the next piece of a pipelined step). It returns what ``fan_out`` answers."""
+    futures = []
+    try:
+        for piece in pieces:
+            futures.append(backend.submit(piece))
+        if meanwhile is not None:
             meanwhile()
-        finally:
-            settled = [_settled(f) for f in futures]
-    else:
-        settled = [_settled(f) for f in futures]
-    return settled
+    except BaseException:
+        for future in futures:  # read, so none is left half-answered on its wire
+            _settled(future)
+        raise
+    yield
+    return [_settled(f) for f in futures]
+
+
+def finish(generator: Any) -> Any:
+    """Runs a generator to its end and answers what it returned."""
+    while True:
+        try:
+            next(generator)
+        except StopIteration as stop:
+            return stop.value
+
+
+class Later:
+    """A walk whose slices are out and whose answers are not read yet: started when
+    made, up to its first wait; ``result()`` reads what came back and finishes it."""
+
+    __slots__ = ("_answer", "_rest", "_walking")
+
+    def __init__(self, walking: Any, answer: Callable[[], Any]):
+        self._rest, self._answer = walking, answer
+        try:
+            next(walking)
+        except StopIteration:
+            self._rest = None
+
+    @property
+    def waiting(self) -> bool:
+        """Whether answers are still out (False for a walk that sent nothing away)."""
+        return self._rest is not None
+
+    def result(self) -> Any:
+        if self._rest is not None:
+            rest, self._rest = self._rest, None
+            finish(rest)
+        return self._answer()
 
 
 def _settled(future: Future) -> tuple[Outcome | None, Exception | None]:

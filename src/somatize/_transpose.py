@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ._errors import DeclarationError
-from ._slices import Slice, backend_of, fan_out
+from ._slices import Later, Slice, backend_of, fan_out, spread
 from ._walk import MANY, ONE, ROOT, SKIP, Hooks, Program, gather, walk
 
 __all__ = ["GIVEN", "POSITION", "walk_back"]
@@ -32,9 +32,10 @@ GIVEN = "__given__"
 
 def walk_back(data: Any, nodes: Iterable[str] | None, given: dict[str, Any],
               want: Iterable[str], *, broker: Any, here: bool, emit: Any, stamping: Any,
-              since: int) -> dict[str, Any]:
+              since: int, later: bool = False) -> Any:
     """Walks ``nodes`` against their edges; answers ``{node: what it gave back}`` for
-    each node in ``want``. ``given`` is what arrives at a node from outside the walk."""
+    each node in ``want``. ``given`` is what arrives at a node from outside the walk.
+    ``later`` answers a ``Later`` of that as soon as the slices are out."""
     chosen = [data.known(n) for n in (data.ids if nodes is None else nodes)]
     want = [data.known(n) for n in want]
     for n in list(given) + want:
@@ -57,7 +58,8 @@ def walk_back(data: Any, nodes: Iterable[str] | None, given: dict[str, Any],
     answered: dict[str, Any] = {}
     if not away:
         answered.update(_here(data, local, given, emit, since))
-        return {n: answered[n] for n in want}
+        done = {n: answered[n] for n in want}
+        return Later(iter(()), lambda: done) if later else done
     backend = backend_of(broker)
     if backend is None:
         raise DeclarationError(
@@ -71,17 +73,27 @@ def walk_back(data: Any, nodes: Iterable[str] | None, given: dict[str, Any],
                     stamping=stamping, forward=forward_id, transposed=True)
               for host, part in away]
     meanwhile = (lambda: answered.update(_here(data, local, given, emit, since))) if local else None
-    for outcome, error in fan_out(backend, pieces, meanwhile):
-        if error is not None:
-            raise error
-        answered.update(outcome.values)
-        if emit is not None:
-            for fact in outcome.facts:
-                emit(fact)
-    missing = [n for n in want if n not in answered]
-    if missing:
-        raise DeclarationError(f"walking back, {missing} gave nothing that could travel")
-    return {n: answered[n] for n in want}
+
+    def gathered(settled: list) -> dict[str, Any]:
+        for outcome, error in settled:
+            if error is not None:
+                raise error
+            answered.update(outcome.values)
+            if emit is not None:
+                for fact in outcome.facts:
+                    emit(fact)
+        missing = [n for n in want if n not in answered]
+        if missing:
+            raise DeclarationError(f"walking back, {missing} gave nothing that could travel")
+        return {n: answered[n] for n in want}
+    if not later:
+        return gathered(fan_out(backend, pieces, meanwhile))
+    spreading = spread(backend, pieces, meanwhile)
+    out: list[dict[str, Any]] = []
+
+    def walking():
+        out.append(gathered((yield from spreading)))
+    return Later(walking(), lambda: out[0])
 
 
 class _Through(Hooks):

@@ -64,12 +64,56 @@ class Channel:
         self._poller: Any = None
         self.most: int | None = None  # the largest frame the far side said it accepts
 
+    @property
+    def duplex(self) -> bool:
+        """Whether a send can read meanwhile (a plain socket; TLS cannot, here)."""
+        return self._gather
+
     def send(self, kind: str, header: dict[str, Any] | None = None, buffers: Any = (),
-             sealed: bool = False) -> int:
-        """Sends one frame and returns how many bytes it took."""
+             sealed: bool = False, reading: Any = None) -> int:
+        """Sends one frame and returns how many bytes it took.
+
+        ``reading``, on a ``duplex`` channel, is called whenever the socket will take no
+        more and there is something to read: a peer that answers earlier requests
+        while this one goes out then never waits for us to read. It answers False
+        once there is nothing more it wants to read."""
         with self.lock:
             pieces = encode(kind, header, list(buffers), self.session, sealed, self.most)
-            return self._send_pieces(pieces)
+            if reading is None or not self._gather:
+                return self._send_pieces(pieces)
+            return self._send_reading(pieces, reading)
+
+    def _send_reading(self, pieces: list[Any], reading: Any) -> int:
+        sock = self.sock
+        timeout = sock.gettimeout()
+        total = sum(len(p) for p in pieces)
+        views = [memoryview(p) for p in pieces]
+        poller = select.poll()
+        wants = select.POLLOUT | select.POLLIN
+        poller.register(sock, wants)
+        sock.settimeout(0.0)
+        try:
+            while True:
+                try:
+                    views = _advance(views, sock.sendmsg(views[:_IOV_MAX]))
+                except BlockingIOError:
+                    pass
+                if not views:
+                    return total
+                ready = poller.poll(None if timeout is None else timeout * 1000)
+                if not ready:
+                    raise TimeoutError("the peer took nothing and said nothing")
+                if ready[0][1] & (select.POLLIN | select.POLLERR | select.POLLHUP) and wants & select.POLLIN:
+                    sock.settimeout(timeout)
+                    try:
+                        more = reading()
+                    finally:
+                        sock.settimeout(0.0)
+                    if more is False:
+                        wants = select.POLLOUT
+                        poller.modify(sock, wants)
+        finally:
+            sock.settimeout(timeout)
 
     def _send_pieces(self, pieces: list[Any]) -> int:
         """Sends what ``encode`` made (bytes, and byte views of the buffers)."""
