@@ -73,7 +73,12 @@ def _shared_pool() -> ThreadPoolExecutor:
 
 class Backend:
     """Runs slices of a graph on the hosts it knows. Subclass it; override ``run``, and
-    ``prepare`` and ``submit`` where the transport can do better than the defaults."""
+    ``prepare`` and ``submit`` where the transport can do better than the defaults.
+
+    ``ordered`` says that a host runs its slices in the order they were submitted,
+    which a pipelined step needs (the default ``submit`` promises no order)."""
+
+    ordered = False
 
     def prepare(self, data: Any) -> None:
         """Tells every host of a graph (its data form) what it will need, before the

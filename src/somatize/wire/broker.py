@@ -30,7 +30,10 @@ _last: tuple[tuple, Broker] | None = None
 
 class Broker(Backend):
     """Where the hosts of a graph are: ``{host: Worker}``, resolved in this process.
-    The walk's way to them: a ``Backend`` whose slices go over each host's wire."""
+    The walk's way to them: a ``Backend`` whose slices go over each host's wire, in
+    the order they were sent (a worker answers a connection's requests in turn)."""
+
+    ordered = True
 
     def __init__(self, listing: dict[str, Worker]):
         if not isinstance(listing, dict):
