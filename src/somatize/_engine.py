@@ -11,7 +11,6 @@ programs for that same loop, not second walks.
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -19,7 +18,7 @@ from . import _plan
 from ._errors import DeclarationError
 from ._graph import hand_down
 from ._remember import Memory, foreseen
-from ._slices import Backend, Later, Slice, backend_of, fan_out, finish, spread
+from ._slices import Backend, Later, Slice, backend_of, fan_out, finish, new_forward_id, spread
 from ._transpose import walk_back
 from ._walk import LostValue, Mapping, Program, program, settle, walk
 
@@ -208,7 +207,7 @@ def execute(graph: Any, input: Any = None, *, broker: Any = None, store: Any = N
             f"is: forward(..., broker=Broker.embedded({{{host!r}: Worker.at('HOST:PORT')}}))"
         )
 
-    forward_id = uuid.uuid4().hex if way.away else None
+    forward_id = new_forward_id() if way.away else None
     began = time.perf_counter_ns() if since is None else since
     if emit is not None and framed:
         emit({"fact": "began", "at_us": time.time_ns() // 1000, **(opening or {})})

@@ -14,6 +14,8 @@ The other half, a slice run by the host it was sent to, is the walk's own
 
 from __future__ import annotations
 
+import itertools
+import os
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -21,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["Backend", "Later", "Outcome", "Slice", "backend_of", "fan_out", "finish", "listing",
-           "spread"]
+           "new_forward_id", "spread"]
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,16 @@ class Outcome:
 
     def __init__(self, values: dict[str, Any], lost: dict[str, str], facts: list[dict]):
         self.values, self.lost, self.facts = values, lost, facts
+
+
+# What ties the slices of one forward together: unique in this process for its life
+# (a random start, then counted), without a random draw per forward.
+_forwards = itertools.count(int.from_bytes(os.urandom(8), "big") << 64)
+
+
+def new_forward_id() -> str:
+    """A fresh id for one forward's slices: 32 hex digits, as a uuid's."""
+    return f"{next(_forwards) & ((1 << 128) - 1):032x}"
 
 
 _pool: ThreadPoolExecutor | None = None

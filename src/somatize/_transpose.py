@@ -16,12 +16,11 @@ a cut is a stage boundary), so they go out side by side.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterable
 from typing import Any
 
 from ._errors import DeclarationError
-from ._slices import Later, Slice, backend_of, fan_out, spread
+from ._slices import Later, Slice, backend_of, fan_out, new_forward_id, spread
 from ._walk import MANY, ONE, ROOT, SKIP, Hooks, Program, gather, walk
 
 __all__ = ["GIVEN", "POSITION", "walk_back"]
@@ -67,7 +66,7 @@ def walk_back(data: Any, nodes: Iterable[str] | None, given: dict[str, Any],
             "broker was given"
         )
     backend.prepare(data)
-    forward_id = uuid.uuid4().hex
+    forward_id = new_forward_id()
     pieces = [Slice(host, data, tuple(part), given={n: given[n] for n in part if n in given},
                     wanted=tuple(n for n in want if n in part), watching=emit is not None,
                     stamping=stamping, forward=forward_id, transposed=True)

@@ -44,6 +44,7 @@ _LAZY = (mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
          | getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform.startswith("linux") else 0))
 _POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23 if sys.platform.startswith("linux") else None)
 _IOV_MAX = 512
+_AHEAD = 64 << 10  # what one read may take at once, for the frames that follow
 
 
 class Closed(ConnectionError):
@@ -62,6 +63,10 @@ class Channel:
         self._prefix = bytearray(PREFIX)
         self._spare: list[Any] = []  # the last frame's large buffers, for the next one
         self._poller: Any = None
+        # Bytes read past the frame that wanted them (a small frame is read whole in one
+        # call, with whatever follows it): _ahead[_lo:_hi] is the next frame's start.
+        self._ahead = bytearray(_AHEAD)
+        self._lo = self._hi = 0
         self.most: int | None = None  # the largest frame the far side said it accepts
 
     @property
@@ -199,9 +204,29 @@ class Channel:
         return None
 
     def _fill(self, view: memoryview, patient: bool = False, deadline: float | None = None) -> None:
+        got, size = 0, view.nbytes
+        if self._lo < self._hi:  # what an earlier read brought along
+            got = min(size, self._hi - self._lo)
+            view[:got] = self._ahead[self._lo:self._lo + got]
+            self._lo += got
+            if got == size:
+                return
+        if size - got < _AHEAD:  # a small rest: read what is there, the next frame's too
+            self._lo = self._hi = 0
+            self._hi = self._read(memoryview(self._ahead), got == 0 and patient, deadline,
+                                  need=size - got)
+            more = size - got
+            view[got:] = self._ahead[:more]
+            self._lo = more
+            return
+        self._read(view[got:], patient and not got, deadline, need=size - got)
+
+    def _read(self, view: memoryview, patient: bool, deadline: float | None, need: int) -> int:
+        """Reads at least ``need`` bytes into ``view`` (more if they are there and it has
+        room); answers how many it read."""
         sock = self.sock
         recv_into = sock.recv_into
-        got, size = 0, view.nbytes
+        got, size = 0, need
         while got < size:
             if deadline is not None:
                 left = deadline - time.monotonic()
@@ -217,6 +242,7 @@ class Channel:
             if not n:
                 raise Closed(f"the peer closed the connection ({got} of {size} bytes read)")
             got += n
+        return got
 
     def idle_and_open(self) -> bool:
         """Whether nothing at all is waiting on an idle connection.
@@ -225,7 +251,7 @@ class Channel:
         end of the connection (a restarted worker) or garbage: either way not a
         connection to send on.
         """
-        if isinstance(self.sock, ssl.SSLSocket) and self.sock.pending():
+        if self._lo < self._hi or isinstance(self.sock, ssl.SSLSocket) and self.sock.pending():
             return False
         try:
             if self._poller is None:  # not select(): it refuses descriptors past 1024
