@@ -109,13 +109,29 @@ class Link:
             wanted: list[str], watching: bool, forward: str | None,
             transposed: bool = False) -> Outcome:
         """Runs one slice there and answers with what came back."""
-        return self.submit(host, nodes, tree, buffers, refs, wanted, watching, forward,
-                           transposed).result()
+        pending = self._pending(host, nodes, tree, buffers, refs, wanted, watching, forward,
+                                transposed)
+        with self.lock:  # sent and read under one hold of the lock: the common case
+            self._send(pending, retry=True)
+            while not pending.settled:
+                self._read_one()
+        if pending.error is not None:
+            raise pending.error
+        return pending.outcome
 
     def submit(self, host: str, nodes: list[str], tree: Any, buffers: list[Any], refs: list[str],
                wanted: list[str], watching: bool, forward: str | None,
                transposed: bool = False) -> Pending:
         """Sends one slice now; its answer is read by the ``Pending``'s ``result()``."""
+        pending = self._pending(host, nodes, tree, buffers, refs, wanted, watching, forward,
+                                transposed)
+        with self.lock:
+            self._send(pending, retry=True)
+        return pending
+
+    def _pending(self, host: str, nodes: list[str], tree: Any, buffers: list[Any],
+                 refs: list[str], wanted: list[str], watching: bool, forward: str | None,
+                 transposed: bool) -> Pending:
         header: dict[str, Any] = {"f": bytes.fromhex(forward) if forward else bytes(16),
                                   "n": nodes, "w": wanted, "v": tree}
         if refs:
@@ -124,10 +140,7 @@ class Link:
             header["x"] = True
         if transposed:
             header["t"] = True
-        pending = Pending(self, host, nodes, watching, (header, buffers))
-        with self.lock:
-            self._send(pending, retry=True)
-        return pending
+        return Pending(self, host, nodes, watching, (header, buffers))
 
     def _send(self, pending: Pending, retry: bool) -> None:
         """Sends a slice (under the lock), reading earlier answers meanwhile where the
