@@ -131,3 +131,4 @@ def test_a_gradient_goes_to_the_forward_it_is_for_and_leftovers_are_let_go_of():
     assert all(x.grad is None for x in stale + given[1:])
     learning.forward(envelope(torch.ones(1, 2)), ctx)  # behind=0: the newest, given[1]
     assert given[1].grad is not None and learning.held is None
+

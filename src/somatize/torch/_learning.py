@@ -160,6 +160,10 @@ class Learning(Node):
             self._every = every
         return self
 
+    def steps_per_update(self) -> int:
+        """How many ``learn`` calls make one update of its optimizer."""
+        return self._every or 1
+
     # -- what a technique reads -----------------------------------------------------
     def training(self) -> list[torch.nn.Parameter]:
         """The parameters it updates: the node's (and a technique's own, if it adds them)."""

@@ -296,11 +296,17 @@ class StagedDriver:
     def pipelines(self, pieces: int) -> bool:
         """Whether a step of ``pieces`` would overlap: some stage runs on a worker, over
         a backend that runs each host's slices in the order they were sent, and no
-        trainer updates inside a step (a piece's forward would see other weights)."""
-        if any((learning._every or 1) % pieces for learning in self.trains.values()):
+        trainer updates inside a step (a piece's forward would see other weights).
+        Nor where an output made before the last worker's stage keeps its graph: the
+        loss's own backward would reach that stage before the worker's gradients did,
+        for every piece first, and its gradients would be added in another order."""
+        if any(learning.steps_per_update() % pieces for learning in self.trains.values()):
             return False
         hosts = self.private.hosts()
-        if not any(n in hosts for stage in self.stages for n in stage.nodes):
+        away = [k for k, stage in enumerate(self.stages) if any(n in hosts for n in stage.nodes)]
+        if not away:
+            return False
+        if any(n in self.through for stage in self.stages[:away[-1]] for n in stage.nodes):
             return False
         backend = backend_of(self.broker)
         return bool(getattr(backend, "ordered", False))
