@@ -4,6 +4,8 @@ its own shard of the data, averaging every round through a store they all reach.
     python examples/federated.py                               # 4 processes, a folder
     python examples/federated.py --via submitit                # submitit, on this machine
     python examples/federated.py --via slurm --store /shared/fed --partition gpu
+    python examples/federated.py --via ray                     # Ray tasks, a fresh local cluster
+    python examples/federated.py --via ray --ray-address head:6379 --store /shared/fed
     python examples/federated.py --endpoint http://127.0.0.1:9000 --bucket fed
 
 Nobody is in charge. A client trains for a few steps, hands its weights to
@@ -114,8 +116,26 @@ def run_clients(via: str, jobs: list[tuple], folder: str, partition: str | None)
         # spawn, not fork: each client is a fresh interpreter, as it would be elsewhere.
         with multiprocessing.get_context("spawn").Pool(len(jobs)) as pool:
             return pool.starmap(client, jobs)
+    if via == "ray":
+        return on_ray(jobs, folder)
     submitted = [executor(via, folder, partition).submit(client, *job) for job in jobs]
     return [job.result() for job in submitted]
+
+
+def on_ray(jobs: list[tuple], address: str | None) -> list[dict]:
+    """Every client a Ray task on the cluster at ``address`` (a fresh local one if None).
+
+    The clients wait for each other every round, so all of them must run at once:
+    each asks for its share of the cluster's CPUs, at most one."""
+    import ray
+
+    ray.init(address=address or "local", include_dashboard=False, logging_level="ERROR")
+    try:
+        share = min(1.0, ray.cluster_resources().get("CPU", 1.0) / len(jobs))
+        task = ray.remote(client).options(num_cpus=share, max_retries=0)
+        return ray.get([task.remote(*job) for job in jobs])
+    finally:
+        ray.shutdown()
 
 
 def opened(args: argparse.Namespace) -> Store:
@@ -139,7 +159,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     jobs = [(store, k, args.clients, args.rounds, args.steps, run, args.seed, args.asking)
             for k in range(args.clients)]
     logs = args.logs or os.path.join(tempfile.gettempdir(), "federated-submitit")
-    said = run_clients(args.via, jobs, logs, args.partition)
+    said = run_clients(args.via, jobs, args.ray_address if args.via == "ray" else logs,
+                       args.partition)
     print("round " + " ".join(f"client {k} ({s['size']:>3} rows)" for k, s in enumerate(said)))
     for round in range(args.rounds):
         print(f"{round:5d} " + " ".join(f"{s['losses'][round]:20.4f}" for s in said))
@@ -157,8 +178,11 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=10, help="steps per round")
-    parser.add_argument("--via", choices=("processes", "submitit", "slurm"),
+    parser.add_argument("--via", choices=("processes", "submitit", "slurm", "ray"),
                         default="processes")
+    parser.add_argument("--ray-address", help="with --via ray: the cluster's address (default: "
+                        "a fresh local one); then --store or --bucket must be one every node "
+                        "reaches")
     parser.add_argument("--store", help="a folder every client reaches (default: a new "
                         "temporary one)")
     parser.add_argument("--endpoint", help="an S3 endpoint, with --bucket, instead of a folder")

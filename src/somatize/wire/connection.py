@@ -9,21 +9,16 @@ to the log.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import socket
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .._engine import run_slice
-from .._errors import NodeError, ProtocolError, SomaError
-from .._node import Opaque
-from .._slices import Slice
-from .catalog import build, catalog_id, pack_values, unpack_values
+from .._errors import ProtocolError
 from .channel import Channel, Closed
+from .host import Holding, answer, failed, provisioned, refused_catalog, short
 from .log import quoted, say
 from .protocol import (
     HANDSHAKE,
@@ -42,15 +37,6 @@ if TYPE_CHECKING:  # the server hands itself in; nothing here calls it by name
 
 __all__ = ["Connection", "short"]
 
-# The engine's own bracket of a walk; the client brackets the forward itself.
-_BRACKET = frozenset(("began", "finished"))
-_TRACEBACK = 64 << 10  # the most of a traceback's text that travels back
-
-
-def short(ident: str) -> str:
-    """A catalog's id as the log shows it."""
-    return ident.split(":", 1)[-1][:12]
-
 
 class Connection:
     """One client: its handshake, its frames, and what stayed here for its forward."""
@@ -65,8 +51,7 @@ class Connection:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.channel = Channel(sock, server.limits)
         self.catalog: str | None = None  # the catalog this client said it runs against
-        self.forward: bytes | None = None
-        self.held: dict[str, Any] = {}
+        self.holding = Holding()  # what stayed here for this client's forward
         self.busy_since: float | None = None
         self.interval = 1.0
         self.thread_done = threading.Event()
@@ -102,7 +87,7 @@ class Connection:
         finally:
             self.closed.set()
             self.channel.close()
-            self.held.clear()
+            self.holding.clear()
             self.server.forget(self)
             self.thread_done.set()
 
@@ -235,19 +220,12 @@ class Connection:
 
     def _on_provision(self, frame: Any) -> None:
         head = frame.header
-        ident, kind, runtime = head.get("c"), head.get("kind"), head.get("r")
         if self.server.token is not None and not frame.sealed:
             raise ProtocolError("a catalog that is not sealed on an authenticated connection")
-        if len(frame.buffers) != 1 or type(ident) is not str or type(kind) is not str:
-            raise ProtocolError("a provision frame without exactly one blob, an id and a kind")
-        blob = frame.buffers[0]
-        blob_id = "sha256:" + hashlib.sha256(blob).hexdigest()
-        if catalog_id(kind, blob_id, runtime) != ident:
-            raise ProtocolError("a catalog whose bytes do not match its id")
         began = time.perf_counter()
         self.busy_since = time.monotonic()
         try:
-            graph = build(kind, blob, runtime)
+            graph = provisioned(head.get("c"), head.get("kind"), head.get("r"), frame.buffers)
         except ProtocolError:
             raise
         except Exception as exc:
@@ -255,122 +233,41 @@ class Connection:
             self._refuse_catalog(exc)
             return
         self.busy_since = None
-        self.server.install(ident, graph)
-        self.catalog = ident
-        say.routine("%s: provisioned %s (%d bytes) in %.1f ms", self.name, short(ident),
-                 len(blob), (time.perf_counter() - began) * 1e3)
+        self.server.install(head["c"], graph)
+        self.catalog = head["c"]
+        say.routine("%s: provisioned %s (%d bytes) in %.1f ms", self.name, short(self.catalog),
+                    len(frame.buffers[0]), (time.perf_counter() - began) * 1e3)
         self.channel.send("ok")
 
     def _refuse_catalog(self, exc: Exception) -> None:
-        module = getattr(exc, "name", None) if isinstance(exc, ImportError) else None
-        text = _traceback_text(exc)
+        header, text = refused_catalog(exc)
         say.block(f"{self.name}: cannot load the catalog: {type(exc).__name__}: {exc}", text)
-        self.channel.send("error", {"e": "catalog", "m": f"{type(exc).__name__}: {exc}",
-                                    "module": module, "tb": text})
-
-    def _on_slice(self, frame: Any) -> None:
-        head = frame.header
-        nodes, wanted, forward = head.get("n"), head.get("w"), head.get("f")
-        if (type(nodes) is not list or type(wanted) is not list or type(forward) is not bytes
-                or not all(type(n) is str for n in nodes + wanted)):
-            raise ProtocolError("a slice frame without its nodes, its outputs or its forward")
-        current = self.server.current()
-        if current is None or current[0] != self.catalog:
-            self.channel.send("need", {"c": current[0] if current else None})
-            return
-        if forward != self.forward:  # what stayed for an earlier forward is nobody's now
-            self.forward, self.held = forward, {}
-        self.busy_since = time.monotonic()  # a codec's first use may import it (torch: seconds)
-        try:
-            values = unpack_values(head.get("v", {}), frame.buffers)
-        except SomaError as exc:
-            self.busy_since = None
-            self._fail(exc, [])
-            return
-        refs = head.get("r", [])
-        if (type(values) is not dict or type(values.get("g", {})) is not dict
-                or type(refs) is not list or not all(type(r) is str for r in refs)):
-            raise ProtocolError("a slice whose values or references are malformed")
-        # Values arrive unwrapped, as the walk holds them; Opaque lets them in as they
-        # are. A walk back hands what it is given to its nodes untouched.
-        wrap = (lambda value: value) if head.get("t") else Opaque
-        given = {node: wrap(value) for node, value in values.get("g", {}).items()}
-        for ref in refs:
-            if ref not in self.held:
-                self.busy_since = None
-                self._fail_lost(ref)
-                return
-            given[ref] = wrap(self.held[ref])
-        self._run(current[1], nodes, wanted, given, Opaque(values.get("i")), bool(head.get("x")),
-                  bool(head.get("t")))
-
-    def _run(self, graph: Any, nodes: list[str], wanted: list[str], given: dict[str, Any],
-             input: Any, watching: bool, transposed: bool) -> None:
-        facts: list[dict] = []
-        began = time.perf_counter()
-        self.busy_since = time.monotonic()
-        try:
-            out = run_slice(graph, Slice("", graph, tuple(nodes), given=given, input=input,
-                                         wanted=tuple(wanted), watching=watching,
-                                         transposed=transposed), facts)
-        except Exception as exc:  # the one boundary where a slice's failure is translated
-            self.busy_since = None
-            self._fail(exc, facts, f"slice {nodes} failed after "
-                                   f"{(time.perf_counter() - began) * 1e3:.1f} ms: {exc}")
-            return
-        self.busy_since = None
-        buffers: list[Any] = []
-        try:
-            trees, refused = pack_values(out, buffers)
-        except Exception as exc:  # a codec that failed otherwise than by refusing
-            self._fail(exc, facts, f"slice {nodes} ran, and its outputs could not be packed: {exc}")
-            return
-        for node in refused:
-            self.held[node] = out[node]
-        header: dict[str, Any] = {"v": trees}
-        if refused:
-            header["l"] = refused
-        if watching:
-            header["x"] = _sendable(facts)
-        try:
-            size = self.channel.send("done", header, buffers)
-        except ProtocolError as exc:  # larger than the client takes: nothing was sent
-            self._fail(ProtocolError(f"the answer to slice {nodes} is too large for the "
-                                     f"client: {exc}; give Worker(..., limits=Limits(frame=...)) "
-                                     "a larger frame"), facts)
-            return
-        say.routine("%s: slice %s ran in %.1f ms, answered %d bytes", self.name, nodes,
-                 (time.perf_counter() - began) * 1e3, size)
-
-    def _fail(self, exc: BaseException, facts: list[dict], said: str | None = None) -> None:
-        """Answers with what went wrong, the worker's traceback included; ``said`` is
-        the log's line for it, which the traceback follows there too."""
-        header: dict[str, Any] = {"e": type(exc).__name__, "m": str(exc), "x": _sendable(facts)}
-        if isinstance(exc, NodeError):
-            header["node"], header["kind"] = exc.node, exc.kind
-            if exc.__cause__ is not None:
-                header["cause"] = str(exc.__cause__)
-        header["tb"] = text = _traceback_text(exc)
-        if said is not None:
-            say.block(f"{self.name}: {said}", text)
         self.channel.send("error", header)
 
-    def _fail_lost(self, node: str) -> None:
-        self.channel.send("error", {"e": "Lost", "node": node, "m": (
-            f"the output of node {node!r} is no longer here: the worker kept it for one "
-            "forward, and it restarted or another forward began since")})
-
-
-def _traceback_text(exc: BaseException) -> str:
-    """The traceback of what went wrong here, as text: the node's own exception when
-    the walk wrapped one (everything chained to it included), or else ``exc``'s."""
-    cause = exc.__cause__ if isinstance(exc, NodeError) and exc.__cause__ is not None else exc
-    text = "".join(traceback.format_exception(cause))
-    if len(text) > _TRACEBACK:  # its start says where, its end what: keep both
-        head, tail = _TRACEBACK // 4, _TRACEBACK - _TRACEBACK // 4
-        text = (f"{text[:head]}\n... ({len(text) - head - tail} characters of the traceback "
-                f"left out) ...\n{text[-tail:]}")
-    return text
+    def _on_slice(self, frame: Any) -> None:
+        began = time.perf_counter()
+        nodes = frame.header.get("n")
+        self.busy_since = time.monotonic()  # a codec's first use may import it (torch: seconds)
+        try:
+            reply = answer(self.server.shelf, self.catalog, frame.header, frame.buffers,
+                           self.holding)
+        finally:
+            self.busy_since = None
+        frame = None  # let its buffers go before the answer is sent
+        if reply.said is not None:
+            say.block(f"{self.name}: {reply.said}", reply.text)
+        try:
+            size = self.channel.send(reply.kind, reply.header, reply.buffers)
+        except ProtocolError as exc:  # larger than the client takes: nothing was sent
+            failure = failed(ProtocolError(
+                f"the answer to slice {nodes} is too large for the client: {exc}; give "
+                "Worker(..., limits=Limits(frame=...)) a larger frame"), [])
+            failure.header["x"] = reply.header.get("x", [])
+            self.channel.send("error", failure.header)
+            return
+        if reply.kind == "done":
+            say.routine("%s: slice %s ran in %.1f ms, answered %d bytes", self.name, nodes,
+                        (time.perf_counter() - began) * 1e3, size)
 
 
 def _mismatch(version: Any) -> str:
@@ -381,16 +278,3 @@ def _mismatch(version: Any) -> str:
 def _clip(text: str, limit: int = 500) -> str:
     """A message that may quote a peer, cut to a line's length."""
     return text if len(text) <= limit else text[:limit] + f"... ({len(text) - limit} more characters)"
-
-
-def _sendable(facts: list[dict]) -> list[dict]:
-    """The worker's facts the client has not said itself, as data msgpack carries."""
-    out = []
-    for fact in facts:
-        if fact.get("fact") in _BRACKET:
-            continue
-        buffers: list[Any] = []
-        trees, refused = pack_values(fact, buffers)
-        if not buffers and not refused:
-            out.append(trees)
-    return out

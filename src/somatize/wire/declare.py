@@ -31,7 +31,7 @@ from .catalog import MODES, pack_nodes
 from .client import Link
 from .protocol import Limits
 
-__all__ = ["Worker", "parse_address"]
+__all__ = ["Worker", "checked_mode", "checked_timeout", "parse_address", "place"]
 
 _LISTENING = re.compile(r"^listening on (\[[0-9A-Fa-f:.]+\]|[^\s:]+):(\d+)\s*$")
 _STARTUP = 60.0  # how long a child may take to say where it listens
@@ -64,6 +64,9 @@ def _timeout(timeout: Any) -> float:
     return float(timeout)
 
 
+checked_timeout = _timeout  # for the workers of other transports
+
+
 def _token(token: Any) -> bytes | None:
     if token is None:
         token = os.environ.get("SOMATIZE_TOKEN") or None
@@ -89,6 +92,29 @@ def _tls(tls: Any) -> ssl.SSLContext | None:
         f"tls is an ssl.SSLContext, the path of a CA file, or True, not {tls!r}")
 
 
+def checked_mode(mode: Any, send: Any) -> tuple[str, tuple[str, ...]]:
+    """``(mode, send)`` as a worker holds them, or the DeclarationError saying what is wrong."""
+    if mode not in MODES:
+        raise DeclarationError(f"a worker's mode is 'project' or 'network', not {mode!r}")
+    if isinstance(send, str) or not all(isinstance(m, str) and m for m in send):
+        raise DeclarationError(f"send is a list of module names, e.g. ['my_package'], not {send!r}")
+    if send and mode != "network":
+        raise DeclarationError(
+            f"send={list(send)!r} only means something with mode='network', where code "
+            "travels; in mode='project' the worker imports it from its own installation")
+    return mode, tuple(send)
+
+
+# Places a worker can be besides a socket, each filled in by its own module of this
+# layer (somatize.ray), which this one cannot import: it subclasses Worker.
+_places: dict[str, Any] = {}
+
+
+def place(name: str, make: Any) -> None:
+    """Says that ``Worker.on_<name>(...)`` is answered by ``make(mode, send, **options)``."""
+    _places[name] = make
+
+
 class Worker:
     """Where a slice goes, and how to pack for it. It opens nothing.
 
@@ -103,15 +129,7 @@ class Worker:
     def __init__(self, target: str | list[str], mode: str = "project", send: Sequence[str] = (),
                  *, token: str | bytes | None = None, tls: Any = None,
                  timeout: float | None = None, limits: Limits | None = None):
-        if mode not in MODES:
-            raise DeclarationError(f"a worker's mode is 'project' or 'network', not {mode!r}")
-        if isinstance(send, str) or not all(isinstance(m, str) and m for m in send):
-            raise DeclarationError(f"send is a list of module names, e.g. ['my_package'], not {send!r}")
-        if send and mode != "network":
-            raise DeclarationError(
-                f"send={list(send)!r} only means something with mode='network', where code "
-                "travels; in mode='project' the worker imports it from its own installation")
-        self.mode, self.send = mode, tuple(send)
+        self.mode, self.send = checked_mode(mode, send)
         self.timeout = _timeout(timeout)
         self.limits = limits or Limits()
         self._child: subprocess.Popen | None = None
@@ -169,6 +187,24 @@ class Worker:
         """Any child that prints ``listening on HOST:PORT`` first; it is handed a fresh
         token in SOMATIZE_TOKEN."""
         return cls(list(argv), mode, send, timeout=timeout)
+
+    @classmethod
+    def on_ray(cls, mode: str = "project", send: Sequence[str] = (), *,
+               num_cpus: float | None = None, num_gpus: float | None = None,
+               resources: dict[str, float] | None = None, runtime_env: dict[str, Any] | None = None,
+               max_restarts: int = 3, timeout: float | None = None) -> Worker:
+        """A worker that is a Ray actor, placed by the cluster where these resources
+        are (``num_gpus=1``); ``runtime_env`` is handed to Ray as it is. It connects
+        to the cluster ``ray.init`` did, or starts a local one. ``timeout`` bounds how
+        long the cluster may take to place the actor (by default a minute: a node may
+        be starting); Ray restarts an actor that died up to ``max_restarts`` times.
+        Needs the ``ray`` extra: ``pip install 'somatize[ray]'``."""
+        make = _places.get("ray")
+        if make is None:  # somatize.ray fills it as the wire loads; only a broken install lacks it
+            raise DeclarationError("Worker.on_ray needs the somatize.ray module, which this "
+                                   "installation of somatize lacks")
+        return make(mode, send, num_cpus=num_cpus, num_gpus=num_gpus, resources=resources,
+                    runtime_env=runtime_env, max_restarts=max_restarts, timeout=timeout)
 
     def packed(self, nodes: dict[str, Any]) -> tuple[str, str, bytes]:
         """These nodes the way this worker wants them: ``(kind, id, bytes)``."""

@@ -28,7 +28,8 @@ try:
 except ImportError:  # Windows: no descriptor limit to read
     resource = None
 
-from .connection import Connection, short
+from .connection import Connection
+from .host import Shelf
 from .log import Often, say
 from .protocol import VERSION, Limits, derive_key, new_salt, refusal
 
@@ -83,8 +84,7 @@ class Server:
         self.max_connections = max_connections
         self.max_unauthenticated = min(max_unauthenticated, max_connections)
         self.instance = uuid.uuid4().hex
-        self.catalog: tuple[str, Any] | None = None
-        self._catalog_lock = threading.Lock()
+        self.shelf = Shelf()  # the one catalog this worker holds
         self._connections: set[Connection] = set()  # every one held, authenticated or not
         self._waiting: dict[Connection, None] = {}  # the unauthenticated, oldest first
         self._lock = threading.Lock()
@@ -275,20 +275,8 @@ class Server:
             self._waiting.pop(connection, None)
 
     def install(self, ident: str, graph: Any) -> None:
-        """Holds this catalog from now on; the same one again changes nothing, so its
-        nodes' live state (a trainer's optimizer) survives a second provisioning."""
-        with self._catalog_lock:
-            if self.catalog is not None and self.catalog[0] == ident:
-                return
-            previous = self.catalog
-            self.catalog = (ident, graph)
-        held = [n for n, impl in graph.impls.items() if type(impl).__name__ != "Elsewhere"]
-        if previous is None:
-            say.routine("catalog %s holds %s", short(ident), ", ".join(held))
-        else:
-            say.routine("catalog %s replaces %s; it holds %s", short(ident), short(previous[0]),
-                     ", ".join(held))
+        """Holds this catalog from now on (the same one again changes nothing)."""
+        self.shelf.install(ident, graph)
 
     def current(self) -> tuple[str, Any] | None:
-        with self._catalog_lock:
-            return self.catalog
+        return self.shelf.current()

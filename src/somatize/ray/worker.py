@@ -1,0 +1,289 @@
+"""RayWorker: a Worker whose host is a Ray actor, and the link that carries its slices.
+
+The link speaks the socket wire's messages (the same request header, the same reply
+kinds and headers, read back by the same code) over actor calls instead of frames:
+a slice is one call, its buffers ride in Ray's object store, and a catalog is put
+there once and handed to the actor by reference, again after Ray restarted it.
+What the socket says about silence Ray says about death: an actor that is gone
+fails the call, and the failure is a ``WireError`` naming the host.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from typing import Any
+
+import ray
+import ray.exceptions
+
+from .._errors import DeclarationError, WireError
+from .._slices import Outcome
+from ..wire.client import Link, Staged
+from ..wire.declare import Worker, checked_mode, checked_timeout
+from ..wire.protocol import Limits
+from .actor import Host
+from .buffers import joined, outgoing, size
+
+__all__ = ["RayWorker"]
+
+_PUT = 1 << 16  # buffers this large are put in the store before the call, not inside it
+_STARTUP = 60.0  # how long the cluster may take to place an actor (a node may be starting)
+_GONE = (ray.exceptions.RayActorError, ray.exceptions.TaskCancelledError,
+         ray.exceptions.ObjectLostError, ray.exceptions.OwnerDiedError)
+_remote: Any = None
+
+
+def _actor_class() -> Any:
+    global _remote
+    if _remote is None:
+        _remote = ray.remote(Host)
+    return _remote
+
+
+class _Restarting(Exception):
+    """A call that met the actor while Ray restarted it (``error`` says so)."""
+
+    def __init__(self, error: WireError):
+        super().__init__(str(error))
+        self.error = error
+
+
+class _Reply:
+    """An actor's answer, shaped as the socket link reads a reply frame."""
+
+    __slots__ = ("buffers", "header", "kind", "size", "took_us")
+
+    def __init__(self, kind: str, header: dict, buffers: list, took_us: int):
+        self.kind, self.header = kind, header
+        self.buffers = joined(buffers)
+        self.size, self.took_us = size(buffers), took_us
+
+
+class RayWorker(Worker):
+    """A host that is a Ray actor, placed by resources; see ``Worker.on_ray``."""
+
+    def __init__(self, mode: str = "project", send: Any = (), *, num_cpus: float | None = None,
+                 num_gpus: float | None = None, resources: dict[str, float] | None = None,
+                 runtime_env: dict[str, Any] | None = None, max_restarts: int = 3,
+                 timeout: float | None = None):
+        self.mode, self.send = checked_mode(mode, send)
+        self.timeout = checked_timeout(timeout)
+        # Placing an actor may wait for a node to start; a timeout said outright bounds it.
+        self.placing = _STARTUP if timeout is None else self.timeout
+        self.options = _options(num_cpus, num_gpus, resources, runtime_env, max_restarts)
+        self.limits = Limits()
+        self.token = self.tls = None
+        self._child = self._target = self._listening = self._argv = None
+        self._actor: Any = None
+        self._where_said = "a Ray actor not started yet"
+        self.closed = False
+        self._start_lock = threading.Lock()
+        self._link = RayLink(self)
+        self._wire = b"ray " + secrets.token_hex(16).encode()
+
+    def actor(self, host: str) -> Any:
+        """The actor, started at first need and waited for until the cluster placed it."""
+        with self._start_lock:
+            if self.closed:
+                raise WireError(f"host {host!r}: its Ray worker was closed", host=host)
+            if self._actor is None:
+                actor = _actor_class().options(**self.options).remote()
+                wait = self.placing
+                try:
+                    said = ray.get(actor.ready.remote(), timeout=wait)
+                except ray.exceptions.GetTimeoutError:
+                    ray.kill(actor)
+                    raise WireError(
+                        f"host {host!r}: the Ray cluster placed no actor asking for "
+                        f"{_asked(self.options)} within {wait:g} s; it has "
+                        f"{_offered()} in all. Ask for less, or add a node that has it",
+                        host=host) from None
+                except _GONE as exc:
+                    raise WireError(f"host {host!r}: its Ray actor died as it started: "
+                                    f"{_first_line(exc)}", host=host) from None
+                self._actor = actor
+                self._where_said = f"Ray actor on {said['node']}, pid {said['pid']}"
+            return self._actor
+
+    def _where(self, host: str) -> str:
+        return self._where_said
+
+    def close(self) -> None:
+        """Cancels what is in flight and ends the actor."""
+        with self._start_lock:
+            self.closed = True
+            actor, self._actor = self._actor, None
+        self._link.cancel()
+        if actor is not None:
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # noqa: BLE001  (the cluster itself may be gone by now)
+                pass
+
+    def __repr__(self) -> str:
+        return f"Worker.on_ray({_asked(self.options)}, mode={self.mode!r})"
+
+
+def _options(num_cpus: Any, num_gpus: Any, resources: Any, runtime_env: Any,
+             max_restarts: Any) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for name, value in (("num_cpus", num_cpus), ("num_gpus", num_gpus)):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise DeclarationError(f"{name} is a number at least 0, not {value!r}")
+        options[name] = value
+    if resources is not None:
+        if type(resources) is not dict or not all(
+                isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
+                and v >= 0 for k, v in resources.items()):
+            raise DeclarationError(f"resources is {{name: amount}}, e.g. {{'tpu': 1}}, "
+                                   f"not {resources!r}")
+        options["resources"] = dict(resources)
+    if runtime_env is not None:
+        if not isinstance(runtime_env, dict):
+            raise DeclarationError(f"runtime_env is a dict, as Ray takes it, not {runtime_env!r}")
+        options["runtime_env"] = runtime_env
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < -1:
+        raise DeclarationError(f"max_restarts is a whole number (-1: without end), "
+                               f"not {max_restarts!r}")
+    options["max_restarts"] = max_restarts
+    return options
+
+
+def _asked(options: dict[str, Any]) -> str:
+    said = [f"{k}={options[k]!r}" for k in ("num_cpus", "num_gpus", "resources") if k in options]
+    return ", ".join(said) or "Ray's defaults"
+
+
+def _offered() -> str:
+    try:
+        return ", ".join(f"{k}={v:g}" for k, v in sorted(ray.cluster_resources().items())
+                         if not k.startswith("node:") and "memory" not in k) or "nothing"
+    except Exception:  # noqa: BLE001
+        return "what it could not say"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0].rstrip(".") if text else type(exc).__name__
+
+
+class RayLink(Link):
+    """The socket link's reading of replies, over Ray actor calls instead of frames."""
+
+    def __init__(self, worker: RayWorker):
+        super().__init__(worker)
+        self._blob: tuple[str, Any] | None = None  # the staged catalog, put in the store once
+        self._flying: set[Any] = set()
+        self._flying_lock = threading.Lock()
+
+    def run(self, host: str, nodes: list[str], tree: Any, buffers: list[Any], refs: list[str],
+            wanted: list[str], watching: bool, forward: str | None,
+            transposed: bool = False) -> Outcome:
+        """Runs one slice on the actor and answers with what came back."""
+        header: dict[str, Any] = {"f": bytes.fromhex(forward) if forward else bytes(16),
+                                  "n": nodes, "w": wanted, "v": tree}
+        if refs:
+            header["r"] = refs
+        if watching:
+            header["x"] = True
+        if transposed:
+            header["t"] = True
+        with self.lock:
+            actor = self.worker.actor(host)
+            began = time.perf_counter_ns()
+            pieces = [ray.put(b) if size([b]) >= _PUT else b for b in outgoing(buffers)]
+            took_sent = (time.perf_counter_ns() - began) // 1000
+            for attempt in (0, 1):
+                try:
+                    self._provide(host, actor)
+                    kind, head, back = self._call(
+                        host, actor.slice.remote(self.declared, header, *pieces),
+                        f"while running slice {nodes}")
+                except _Restarting as exc:
+                    # Sent while Ray restarted it: a fresh actor answers a slice with
+                    # "need" before running anything, so sending it again is safe.
+                    if attempt == 1:
+                        raise exc.error from None
+                    self._back(host, actor, exc.error)
+                    continue
+                if kind == "need":  # Ray restarted it: a fresh actor holds no catalog
+                    self.declared = None
+                    if attempt == 0:
+                        continue
+                    raise WireError(f"host {host!r}: its Ray actor keeps losing its catalog",
+                                    host=host)
+                reply = _Reply(kind, head, back, (time.perf_counter_ns() - began) // 1000)
+                return self._outcome(host, nodes, reply, size(buffers), took_sent, watching)
+        raise AssertionError("unreachable")
+
+    def _provide(self, host: str, actor: Any) -> None:
+        """Hands the actor the staged catalog, unless it holds it already."""
+        staged: Staged | None = self.staged
+        if staged is None or self.declared == staged.ident:
+            return
+        if self._blob is None or self._blob[0] != staged.ident:
+            self._blob = (staged.ident, ray.put(staged.blob))
+        kind, head = self._call(host, actor.provision.remote(
+            staged.ident, staged.kind, staged.runtime, self._blob[1]), "while receiving its catalog")
+        if kind == "error":
+            raise self._catalog_refused(host, head, staged)
+        self.declared = staged.ident
+
+    def _call(self, host: str, ref: Any, doing: str) -> Any:
+        """The answer to one actor call; the actor's death is a WireError naming the host."""
+        with self._flying_lock:
+            self._flying.add(ref)
+        try:
+            return ray.get(ref)
+        except _GONE as exc:
+            self.declared = None
+            if isinstance(exc, ray.exceptions.ActorUnavailableError) and not self.worker.closed:
+                raise _Restarting(WireError(
+                    f"host {host!r} ({self.worker._where(host)}) is unavailable {doing}: "
+                    f"{_first_line(exc)}", host=host)) from None
+            if self.worker.closed:
+                raise WireError(f"host {host!r}: its Ray worker was closed {doing}",
+                                host=host) from None
+            raise WireError(
+                f"host {host!r} ({self.worker._where(host)}) died {doing}: "
+                f"{_first_line(exc)}. Ray restarts an actor up to max_restarts times; what it "
+                "held for this step is gone either way", host=host) from None
+        except ray.exceptions.RayError as exc:  # the actor's own code failed, outside a slice
+            raise WireError(f"host {host!r} ({self.worker._where(host)}) failed {doing}: "
+                            f"{_first_line(exc)}", host=host) from exc
+        finally:
+            with self._flying_lock:
+                self._flying.discard(ref)
+
+    def _back(self, host: str, actor: Any, error: WireError) -> None:
+        """Waits for Ray to have restarted the actor; ``error`` if it does not."""
+        deadline = time.monotonic() + self.worker.placing
+        while time.monotonic() < deadline and not self.worker.closed:
+            try:
+                ray.get(actor.ready.remote(), timeout=max(0.0, deadline - time.monotonic()))
+                return
+            except ray.exceptions.ActorUnavailableError:  # not back yet
+                time.sleep(0.1)
+            except (ray.exceptions.GetTimeoutError, *_GONE):
+                break
+        raise error
+
+    def cancel(self) -> None:
+        """Cancels every call in flight (their callers get a WireError)."""
+        with self._flying_lock:
+            flying = list(self._flying)
+        for ref in flying:
+            try:
+                ray.cancel(ref)
+            except Exception:  # noqa: BLE001  (it may have finished meanwhile)
+                pass
+
+    def _drop(self) -> None:
+        self.declared = None
+
+    def close(self) -> None:
+        self.cancel()
