@@ -33,7 +33,11 @@ class Broker(Backend):
     The walk's way to them: a ``Backend`` whose slices go over each host's wire, in
     the order they were sent (a worker answers a connection's requests in turn)."""
 
-    ordered = True
+    @property
+    def ordered(self) -> bool:  # type: ignore[override]
+        """Whether every host runs its slices in the order they were sent: over sockets
+        yes; a host whose link only runs (Ray's) is reached on a thread, in no order."""
+        return all(worker._link.sends_ahead() for worker in self._wires.values())
 
     def __init__(self, listing: dict[str, Worker]):
         if not isinstance(listing, dict):
@@ -147,6 +151,9 @@ class Broker(Backend):
         """Sends one slice now and answers a pending Outcome (``result()``), read when
         asked: a wave over many hosts costs one wait, not one round trip per host, and
         a pipeline runs its next piece here while this one is out."""
+        worker = self._wire_of(piece.host)
+        if not worker._link.sends_ahead():
+            return super().submit(piece)
         worker, args = self._request(piece)
         return worker._link.submit(*args)
 

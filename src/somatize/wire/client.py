@@ -104,6 +104,11 @@ class Link:
     def stage(self, staged: Staged) -> None:
         self.staged = staged
 
+    def sends_ahead(self) -> bool:
+        """Whether ``submit`` may send now and read later: on this socket link, yes; a
+        link that runs slices its own way (over Ray's actor calls) is only ``run``."""
+        return type(self).run is Link.run
+
     # -- a slice --------------------------------------------------------------------
     def run(self, host: str, nodes: list[str], tree: Any, buffers: list[Any], refs: list[str],
             wanted: list[str], watching: bool, forward: str | None,
