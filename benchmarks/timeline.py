@@ -6,7 +6,9 @@ CLOCK_MONOTONIC, shared across processes on one machine); each side marks when i
 starts and finishes sending a frame, when it has read one, and the worker when its walk
 starts and ends. Every gap between two consecutive marks is charged to whoever was
 working (here, the worker) or to the wire and the scheduler (a frame on its way, a
-process waking up), and the median over many steps is printed in order.
+process waking up), and the median over many steps is printed in order. Last, the CPU
+each side spends per step (the worker's read from /proc), against the same model in one
+piece: a figure the machine's other load does not move.
 
     python benchmarks/timeline.py          # --quick for fewer steps
 """
@@ -27,7 +29,12 @@ MARKS: list[tuple[int, str]] = []
 
 def marking(side: str) -> None:
     """Marks every frame this process sends and reads, and (on a worker) every walk."""
-    from somatize.wire import channel, connection
+    from somatize.wire import channel
+
+    try:  # where a worker runs a slice: the host code shared with Ray, or before it
+        from somatize.wire import host as runner
+    except ImportError:
+        from somatize.wire import connection as runner
 
     send, recv = channel.Channel.send, channel.Channel.recv
 
@@ -43,14 +50,14 @@ def marking(side: str) -> None:
         return frame
     channel.Channel.send, channel.Channel.recv = marked_send, marked_recv
     if side == "worker":
-        run_slice = connection.run_slice
+        run_slice = runner.run_slice
 
         def marked_run(*args, **kwargs):
             MARKS.append((time.perf_counter_ns(), "worker walks"))
             out = run_slice(*args, **kwargs)
             MARKS.append((time.perf_counter_ns(), "worker walked"))
             return out
-        connection.run_slice = marked_run
+        runner.run_slice = marked_run
 
 
 def worker_main(path: str) -> None:
@@ -96,12 +103,39 @@ def main() -> None:
             began = time.perf_counter_ns()
             trainer.step(data[i % len(data)])
             windows.append((began, time.perf_counter_ns(), list(MARKS)))
+        cpu = cpu_per_step(trainer, data, worker._child.pid, steps)
     deadline = time.monotonic() + 10
     while not os.path.exists(path) and time.monotonic() < deadline:
         time.sleep(0.05)
     time.sleep(0.2)
     there = [tuple(m) for m in json.load(open(path))]
     report(windows, there)
+    whole = model(16)
+    one = Trainer(whole, objective=mse, optimizer=torch.optim.SGD(parameters(whole), lr=0.01))
+    for b in data:
+        one.step(b)
+    began = time.process_time()
+    for i in range(steps):
+        one.step(data[i % len(data)])
+    alone = (time.process_time() - began) / steps * 1e6
+    here, there = cpu
+    print(f"CPU per step (load-proof): split {here:.0f} us here + {there:.0f} us on the worker, "
+          f"one piece {alone:.0f} us: the split's fixed cost is {here + there - alone:.0f} us of CPU")
+
+
+def cpu_per_step(trainer, data, pid: int, steps: int) -> tuple[float, float]:
+    """CPU seconds per step, in microseconds, of this process and of the worker (from
+    /proc, so whatever else the machine runs is not counted)."""
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def worker_cpu() -> float:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / tick
+    began, there = time.process_time(), worker_cpu()
+    for i in range(steps * 4):
+        trainer.step(data[i % len(data)])
+    return ((time.process_time() - began) / steps / 4 * 1e6,
+            (worker_cpu() - there) / steps / 4 * 1e6)
 
 
 def report(windows: list, there: list) -> None:
