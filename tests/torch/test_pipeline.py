@@ -132,3 +132,31 @@ def test_a_gradient_goes_to_the_forward_it_is_for_and_leftovers_are_let_go_of():
     learning.forward(envelope(torch.ones(1, 2)), ctx)  # behind=0: the newest, given[1]
     assert given[1].grad is not None and learning.held is None
 
+
+
+def test_two_workers_each_training_a_stage_are_pipelined_bit_for_bit(in_process):
+    server = Server("127.0.0.1", 0, token=TOKEN.encode())
+    thread = threading.Thread(target=server.serve, daemon=True)
+    thread.start()
+    try:
+        with Worker.at(server.address, token=TOKEN) as other:
+            runs = []
+            for pipeline in (False, True):
+                torch.manual_seed(0)
+                g = Graph.somatize(Lin(8, 8).named("encoder") >> Lin(8, 8).named("b1").at("w1")
+                                   >> Lin(8, 8).named("mid") >> Lin(8, 6).named("b2").at("w2")
+                                   >> Lin(6, 1, relu=False).named("head"))
+                trains = {"b1": Split(torch.optim.SGD, lr=0.1), "b2": Split(torch.optim.SGD, lr=0.1)}
+                t = Trainer(g, objective=mse, micro=4, every=2, trains=trains, pipeline=pipeline,
+                            optimizer=torch.optim.SGD(parameters(g, without=trains), lr=0.1),
+                            broker=Broker.embedded({"w1": in_process, "w2": other}))
+                assert t._pipelines(4) is pipeline
+                losses = [t.step(b) for b in batches(5)]
+                t.update()
+                runs.append((losses, t.export()))
+            (la, wa), (lb, wb) = runs
+            assert la == lb
+            assert all(torch.equal(wa[n][k], wb[n][k]) for n in wa for k in wa[n])
+    finally:
+        server.stop()
+        thread.join(10)
