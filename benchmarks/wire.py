@@ -24,6 +24,7 @@ import socket
 import struct
 import subprocess
 import sys
+import time
 
 import torch
 
@@ -201,7 +202,11 @@ def fan_out_numbers(counts: tuple[int, ...] = (1, 4, 16)) -> dict[int, float]:
             g = Graph.somatize(wave)
             broker = {f"w{i}": workers[i] for i in range(count)}
             g.forward("hello" * 20, broker=broker)
-            out[count] = median(lambda: g.forward("hello" * 20, broker=broker), TINY // 4)
+            wall = median(lambda: g.forward("hello" * 20, broker=broker), TINY // 4)
+            began = time.process_time()
+            for _ in range(TINY // 4):
+                g.forward("hello" * 20, broker=broker)
+            out[count] = (wall, (time.process_time() - began) / (TINY // 4))
         return out
     finally:
         for worker in workers:
@@ -243,12 +248,13 @@ def main() -> None:
     print_fan_out(fans)
 
 
-def print_fan_out(fans: dict[int, float]) -> None:
-    one = fans[1]
-    print("one wave of tiny remote nodes, one per host (a worker process each), vs one host's round trip:")
-    for count, seconds in fans.items():
+def print_fan_out(fans: dict[int, tuple[float, float]]) -> None:
+    one = fans[1][0]
+    print("one wave of tiny remote nodes, one per host (a worker process each), vs one host's "
+          "round trip (and this process's CPU per wave, which the machine's load moves less):")
+    for count, (seconds, cpu) in fans.items():
         print(f"  {count:2d} host{'s' if count > 1 else ' '}: {seconds * 1e6:8.1f} us  "
-              f"{seconds / one:6.2f}x")
+              f"{seconds / one:6.2f}x   client CPU {cpu * 1e6:7.1f} us")
     print("target: 16 hosts <= 12x one host's round trip")
 
 
