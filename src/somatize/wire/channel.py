@@ -65,7 +65,7 @@ class Channel:
         self._poller: Any = None
         # Bytes read past the frame that wanted them (a small frame is read whole in one
         # call, with whatever follows it): _ahead[_lo:_hi] is the next frame's start.
-        self._ahead = bytearray(_AHEAD)
+        self._ahead = memoryview(bytearray(_AHEAD))
         self._lo = self._hi = 0
         self.most: int | None = None  # the largest frame the far side said it accepts
 
@@ -213,8 +213,7 @@ class Channel:
                 return
         if size - got < _AHEAD:  # a small rest: read what is there, the next frame's too
             self._lo = self._hi = 0
-            self._hi = self._read(memoryview(self._ahead), got == 0 and patient, deadline,
-                                  need=size - got)
+            self._hi = self._read(self._ahead, got == 0 and patient, deadline, need=size - got)
             more = size - got
             view[got:] = self._ahead[:more]
             self._lo = more
