@@ -1,6 +1,6 @@
 """The wire, side by side with raw loopback sockets and torch.distributed.rpc.
 
-Three measurements, each against its anchors in the same run, every server in a
+Four measurements, each against its anchors in the same run, every server in a
 process of its own:
 
 1. a tiny remote forward (one small str there and back) vs a raw TCP echo of a
@@ -10,7 +10,11 @@ process of its own:
 3. bytes on the wire per activation element, from the wire's own ``sent`` and
    ``received`` facts.
 
+4. one wave of tiny remote nodes over 1, 4 and 16 hosts (a worker process each), vs
+   one host's round trip.
+
     python benchmarks/wire.py            # add --quick for fewer repetitions
+    python benchmarks/wire.py --fan-out  # only the wave over many hosts
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import socket
 import struct
 import subprocess
 import sys
+import time
 
 import torch
 
@@ -184,7 +189,33 @@ def somatize_numbers(payload: torch.Tensor) -> dict[str, float]:
             "big_out": sizes[2], "big_back": sizes[3]}
 
 
+def fan_out_numbers(counts: tuple[int, ...] = (1, 4, 16)) -> dict[int, float]:
+    """One wave of tiny remote nodes, one per host, each host a worker process of its
+    own: seconds per forward for each number of hosts."""
+    workers = [Worker.generic(mode="network") for _ in range(max(counts))]
+    try:
+        out = {}
+        for count in counts:
+            wave = Same().named("n0").at("w0")
+            for i in range(1, count):
+                wave = wave | Same().named(f"n{i}").at(f"w{i}")
+            g = Graph.somatize(wave)
+            broker = {f"w{i}": workers[i] for i in range(count)}
+            g.forward("hello" * 20, broker=broker)
+            wall = median(lambda: g.forward("hello" * 20, broker=broker), TINY // 4)
+            began = time.process_time()
+            for _ in range(TINY // 4):
+                g.forward("hello" * 20, broker=broker)
+            out[count] = (wall, (time.process_time() - began) / (TINY // 4))
+        return out
+    finally:
+        for worker in workers:
+            worker.close()
+
+
 def main() -> None:
+    if "--fan-out" in sys.argv:  # only the wave over many hosts
+        return print_fan_out(fan_out_numbers())
     payload = torch.randn(MB64 // 4)
     raw = RawEcho()
     tiny_message = memoryview(b"x" * 160)  # about what the tiny forward puts on the wire
@@ -194,6 +225,7 @@ def main() -> None:
     raw.close()
     ours = somatize_numbers(payload)
     rpc = rpc_numbers(payload)
+    fans = fan_out_numbers()
     zero_copy = zero_copy_numbers(payload)  # last: it replaces this process's tensor codec
 
     print(f"{'':44}{'somatize':>12}{'raw echo':>12}{'ratio':>8}{'torch rpc':>12}{'ratio':>8}")
@@ -213,6 +245,17 @@ def main() -> None:
                                 ("16M float32 (64 MB)", MB64 // 4, ours["big_out"], ours["big_back"])):
         print(f"bytes on the wire, {label}: out {out} = 4 x {n} + {out - 4 * n}, "
               f"back {back} = 4 x {n} + {back - 4 * n}  ({(out + back) / (2 * n):.6f} bytes/element)")
+    print_fan_out(fans)
+
+
+def print_fan_out(fans: dict[int, tuple[float, float]]) -> None:
+    one = fans[1][0]
+    print("one wave of tiny remote nodes, one per host (a worker process each), vs one host's "
+          "round trip (and this process's CPU per wave, which the machine's load moves less):")
+    for count, (seconds, cpu) in fans.items():
+        print(f"  {count:2d} host{'s' if count > 1 else ' '}: {seconds * 1e6:8.1f} us  "
+              f"{seconds / one:6.2f}x   client CPU {cpu * 1e6:7.1f} us")
+    print("target: 16 hosts <= 12x one host's round trip")
 
 
 if __name__ == "__main__":

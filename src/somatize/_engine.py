@@ -11,7 +11,6 @@ programs for that same loop, not second walks.
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -19,7 +18,7 @@ from . import _plan
 from ._errors import DeclarationError
 from ._graph import hand_down
 from ._remember import Memory, foreseen
-from ._slices import Backend, Slice, backend_of, fan_out
+from ._slices import Backend, Later, Slice, backend_of, fan_out, finish, new_forward_id, spread
 from ._transpose import walk_back
 from ._walk import LostValue, Mapping, Program, program, settle, walk
 
@@ -157,7 +156,7 @@ def execute(graph: Any, input: Any = None, *, broker: Any = None, store: Any = N
             nodes: Iterable[str] | None = None, given: dict[str, Any] | None = None,
             want: Iterable[str] | None = None, here: bool = False,
             transposed: bool = False, framed: bool = True, since: int | None = None,
-            opening: dict[str, Any] | None = None) -> Any:
+            opening: dict[str, Any] | None = None, later: bool = False) -> Any:
     """Runs a graph (or the part of it named by ``nodes``) and returns its answer.
 
     ``graph`` is a Graph or its data form. ``given`` hands in values for predecessors
@@ -169,13 +168,16 @@ def execute(graph: Any, input: Any = None, *, broker: Any = None, store: Any = N
     walks ``nodes`` against their edges (see ``_transpose``); ``framed=False`` leaves
     out ``began``/``finished``, so that several walks make one forward in the record,
     with ``since`` (a ``perf_counter_ns`` reading) as the start their times count from;
-    ``opening`` adds its pairs to the ``began`` fact alone (a trainer's step number).
+    ``opening`` adds its pairs to the ``began`` fact alone (a trainer's step number);
+    ``later`` answers a ``Later`` as soon as the first slices are out, whose
+    ``result()`` is the answer (a pipeline runs its next piece meanwhile).
     """
     data = graph.data() if hasattr(graph, "data") else graph
     if transposed:
         return walk_back(data, nodes, given or {}, want or [], broker=broker, here=here,
                          emit=emitter(watching, stamping), stamping=stamping,
-                         since=time.perf_counter_ns() if since is None else since)
+                         since=time.perf_counter_ns() if since is None else since,
+                         later=later)
     prog = program(data)
     way = route(prog, nodes, here)
     emit = emitter(watching, stamping)
@@ -205,10 +207,30 @@ def execute(graph: Any, input: Any = None, *, broker: Any = None, store: Any = N
             f"is: forward(..., broker=Broker.embedded({{{host!r}: Worker.at('HOST:PORT')}}))"
         )
 
-    forward_id = uuid.uuid4().hex if way.away else None
+    forward_id = new_forward_id() if way.away else None
     began = time.perf_counter_ns() if since is None else since
     if emit is not None and framed:
         emit({"fact": "began", "at_us": time.time_ns() // 1000, **(opening or {})})
+    walking = _segments(data, prog, way, vals, value, backend, hooks, emit, began, stamping,
+                        forward_id, framed, later)
+
+    def answer() -> Any:
+        if want is not None:
+            return {prog.ids[i]: _read(vals[i], prog.ids[i]) for i in wanted}
+        if len(wanted) == 1:
+            return _read(vals[wanted[0]], "the caller")
+        return {prog.ids[i]: _read(vals[i], "the caller") for i in wanted}
+    if later:
+        return Later(walking, answer)
+    finish(walking)
+    return answer()
+
+
+def _segments(data: Any, prog: Program, way: Route, vals: list[Any], value: Any,
+              backend: Backend | None, hooks: Any, emit: Any, began: int, stamping: Any,
+              forward_id: str | None, framed: bool, later: bool):
+    """The walk's segments in order, as a generator that yields where slices are out
+    (only when ``later``: otherwise it runs through without a stop)."""
     try:
         if way.away:
             backend.prepare(data)
@@ -216,8 +238,8 @@ def execute(graph: Any, input: Any = None, *, broker: Any = None, store: Any = N
             if kind == "here":
                 walk(prog, order, vals, value, hooks, emit, began)
             else:
-                _meanwhile(prog, order, remotes, vals, value, backend, hooks, emit, began,
-                           stamping, forward_id)
+                yield from _meanwhile(prog, order, remotes, vals, value, backend, hooks, emit,
+                                      began, stamping, forward_id, later)
     except BaseException:
         if emit is not None and framed:
             emit({"fact": "finished", "took_us": (time.perf_counter_ns() - began) // 1000,
@@ -225,11 +247,6 @@ def execute(graph: Any, input: Any = None, *, broker: Any = None, store: Any = N
         raise
     if emit is not None and framed:
         emit({"fact": "finished", "took_us": (time.perf_counter_ns() - began) // 1000})
-    if want is not None:
-        return {prog.ids[i]: _read(vals[i], prog.ids[i]) for i in wanted}
-    if len(wanted) == 1:
-        return _read(vals[wanted[0]], "the caller")
-    return {prog.ids[i]: _read(vals[i], "the caller") for i in wanted}
 
 
 def _read(v: Any, reader: str) -> Any:
@@ -240,15 +257,16 @@ def _read(v: Any, reader: str) -> Any:
 
 def _meanwhile(prog: Program, order: list[int], remotes: list[Away], vals: list[Any],
                value: Any, backend: Backend, hooks: Any, emit: Any, began: int,
-               stamping: Any, forward_id: str) -> None:
-    """A wave with Remotes in it: they go out together, local nodes run meanwhile."""
+               stamping: Any, forward_id: str, later: bool = False):
+    """A wave with Remotes in it: they go out together, local nodes run meanwhile; a
+    generator that yields, when ``later``, while they are out."""
     pieces = [Slice(away.host, prog.data, away.nodes,
                     given={p: vals[prog.index[p]] for p in away.given}, input=value,
                     needs_input=away.needs_input, wanted=away.wanted,
                     watching=emit is not None, stamping=stamping, forward=forward_id)
               for away in remotes]
     here = (lambda: walk(prog, order, vals, value, hooks, emit, began)) if order else None
-    settled = fan_out(backend, pieces, here)
+    settled = (yield from spread(backend, pieces, here)) if later else fan_out(backend, pieces, here)
     failure = None
     for away, (outcome, error) in zip(remotes, settled):
         if error is not None:

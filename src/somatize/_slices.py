@@ -14,13 +14,16 @@ The other half, a slice run by the host it was sent to, is the walk's own
 
 from __future__ import annotations
 
+import itertools
+import os
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Backend", "Outcome", "Slice", "backend_of", "fan_out", "listing"]
+__all__ = ["Backend", "Later", "Outcome", "Slice", "backend_of", "fan_out", "finish", "listing",
+           "new_forward_id", "spread"]
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,16 @@ class Outcome:
         self.values, self.lost, self.facts = values, lost, facts
 
 
+# What ties the slices of one forward together: unique in this process for its life
+# (a random start, then counted), without a random draw per forward.
+_forwards = itertools.count(int.from_bytes(os.urandom(8), "big") << 64)
+
+
+def new_forward_id() -> str:
+    """A fresh id for one forward's slices: 32 hex digits, as a uuid's."""
+    return f"{next(_forwards) & ((1 << 128) - 1):032x}"
+
+
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
 
@@ -72,7 +85,12 @@ def _shared_pool() -> ThreadPoolExecutor:
 
 class Backend:
     """Runs slices of a graph on the hosts it knows. Subclass it; override ``run``, and
-    ``prepare`` and ``submit`` where the transport can do better than the defaults."""
+    ``prepare`` and ``submit`` where the transport can do better than the defaults.
+
+    ``ordered`` says that a host runs its slices in the order they were submitted,
+    which a pipelined step needs (the default ``submit`` promises no order)."""
+
+    ordered = False
 
     def prepare(self, data: Any) -> None:
         """Tells every host of a graph (its data form) what it will need, before the
@@ -99,15 +117,59 @@ def fan_out(backend: Backend, pieces: list[Slice],
             return [(backend.run(pieces[0]), None)]
         except Exception as exc:
             return [(None, exc)]
-    futures = [backend.submit(piece) for piece in pieces]
-    if meanwhile is not None:
-        try:
+    return finish(spread(backend, pieces, meanwhile))
+
+
+def spread(backend: Backend, pieces: list[Slice], meanwhile: Callable[[], None] | None = None):
+    """``fan_out`` as a generator that yields once, when every slice is out and
+    ``meanwhile`` ran: whoever drives it may do more here before the answers are read
+    (the next piece of a pipelined step). It returns what ``fan_out`` answers."""
+    futures = []
+    try:
+        for piece in pieces:
+            futures.append(backend.submit(piece))
+        if meanwhile is not None:
             meanwhile()
-        finally:
-            settled = [_settled(f) for f in futures]
-    else:
-        settled = [_settled(f) for f in futures]
-    return settled
+    except BaseException:
+        for future in futures:  # read, so none is left half-answered on its wire
+            _settled(future)
+        raise
+    yield
+    return [_settled(f) for f in futures]
+
+
+def finish(generator: Any) -> Any:
+    """Runs a generator to its end and answers what it returned."""
+    while True:
+        try:
+            next(generator)
+        except StopIteration as stop:
+            return stop.value
+
+
+class Later:
+    """A walk whose slices are out and whose answers are not read yet: started when
+    made, up to its first wait; ``result()`` reads what came back and finishes it."""
+
+    __slots__ = ("_answer", "_rest", "_walking")
+
+    def __init__(self, walking: Any, answer: Callable[[], Any]):
+        self._rest, self._answer = walking, answer
+        try:
+            next(walking)
+        except StopIteration:
+            self._rest = None
+
+    @property
+    def waiting(self) -> bool:
+        """Whether answers are still out (False for a walk that sent nothing away)."""
+        return self._rest is not None
+
+    def result(self) -> Any:
+        if self._rest is not None:
+            rest, self._rest = self._rest, None
+            finish(rest)
+        return self._answer()
 
 
 def _settled(future: Future) -> tuple[Outcome | None, Exception | None]:

@@ -16,12 +16,11 @@ a cut is a stage boundary), so they go out side by side.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterable
 from typing import Any
 
 from ._errors import DeclarationError
-from ._slices import Slice, backend_of, fan_out
+from ._slices import Later, Slice, backend_of, fan_out, new_forward_id, spread
 from ._walk import MANY, ONE, ROOT, SKIP, Hooks, Program, gather, walk
 
 __all__ = ["GIVEN", "POSITION", "walk_back"]
@@ -32,9 +31,10 @@ GIVEN = "__given__"
 
 def walk_back(data: Any, nodes: Iterable[str] | None, given: dict[str, Any],
               want: Iterable[str], *, broker: Any, here: bool, emit: Any, stamping: Any,
-              since: int) -> dict[str, Any]:
+              since: int, later: bool = False) -> Any:
     """Walks ``nodes`` against their edges; answers ``{node: what it gave back}`` for
-    each node in ``want``. ``given`` is what arrives at a node from outside the walk."""
+    each node in ``want``. ``given`` is what arrives at a node from outside the walk.
+    ``later`` answers a ``Later`` of that as soon as the slices are out."""
     chosen = [data.known(n) for n in (data.ids if nodes is None else nodes)]
     want = [data.known(n) for n in want]
     for n in list(given) + want:
@@ -57,7 +57,8 @@ def walk_back(data: Any, nodes: Iterable[str] | None, given: dict[str, Any],
     answered: dict[str, Any] = {}
     if not away:
         answered.update(_here(data, local, given, emit, since))
-        return {n: answered[n] for n in want}
+        done = {n: answered[n] for n in want}
+        return Later(iter(()), lambda: done) if later else done
     backend = backend_of(broker)
     if backend is None:
         raise DeclarationError(
@@ -65,23 +66,33 @@ def walk_back(data: Any, nodes: Iterable[str] | None, given: dict[str, Any],
             "broker was given"
         )
     backend.prepare(data)
-    forward_id = uuid.uuid4().hex
+    forward_id = new_forward_id()
     pieces = [Slice(host, data, tuple(part), given={n: given[n] for n in part if n in given},
                     wanted=tuple(n for n in want if n in part), watching=emit is not None,
                     stamping=stamping, forward=forward_id, transposed=True)
               for host, part in away]
     meanwhile = (lambda: answered.update(_here(data, local, given, emit, since))) if local else None
-    for outcome, error in fan_out(backend, pieces, meanwhile):
-        if error is not None:
-            raise error
-        answered.update(outcome.values)
-        if emit is not None:
-            for fact in outcome.facts:
-                emit(fact)
-    missing = [n for n in want if n not in answered]
-    if missing:
-        raise DeclarationError(f"walking back, {missing} gave nothing that could travel")
-    return {n: answered[n] for n in want}
+
+    def gathered(settled: list) -> dict[str, Any]:
+        for outcome, error in settled:
+            if error is not None:
+                raise error
+            answered.update(outcome.values)
+            if emit is not None:
+                for fact in outcome.facts:
+                    emit(fact)
+        missing = [n for n in want if n not in answered]
+        if missing:
+            raise DeclarationError(f"walking back, {missing} gave nothing that could travel")
+        return {n: answered[n] for n in want}
+    if not later:
+        return gathered(fan_out(backend, pieces, meanwhile))
+    spreading = spread(backend, pieces, meanwhile)
+    out: list[dict[str, Any]] = []
+
+    def walking():
+        out.append(gathered((yield from spreading)))
+    return Later(walking(), lambda: out[0])
 
 
 class _Through(Hooks):

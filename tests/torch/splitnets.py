@@ -4,6 +4,8 @@ worker (network mode), since the worker cannot import the tests."""
 import torch
 
 from somatize import Node, Opaque
+from somatize.torch import Split
+from somatize.torch._learning import carries
 
 
 class Lin(Node):
@@ -17,3 +19,31 @@ class Lin(Node):
 
     def parameters(self):
         return list(self.lin.parameters())
+
+
+class Dies(Lin):
+    """A layer whose worker process ends at its ``at``-th forward, mid-step."""
+
+    def __init__(self, a, b, at):
+        super().__init__(a, b)
+        self.at, self.seen = at, 0
+
+    def forward(self, x, ctx):
+        self.seen += 1
+        if self.seen == self.at:
+            import os
+
+            os._exit(3)
+        return super().forward(x, ctx)
+
+
+
+LOG = []  # what a Logging trainer saw, in order, when its worker runs in this process
+
+
+class Logging(Split):
+    """A Split that says, in LOG, each forward ("F") and each gradient ("B") it gets."""
+
+    def forward(self, value, ctx):
+        LOG.append("B" if carries(value) else "F")
+        return super().forward(value, ctx)

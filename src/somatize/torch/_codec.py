@@ -82,19 +82,15 @@ def pieces(tensor: torch.Tensor) -> bytearray | tuple[bytes, Any]:
     its header and a view of its own memory to be written one after the other — so
     keying and sending it copy nothing. Any other tensor is copied once, into the blob."""
     label = _label(tensor)
-    shape = list(tensor.shape)
+    shape = tensor.shape
     size = tensor.numel() * tensor.element_size()
-    header = json.dumps(
-        {"t": {"data_offsets": [0, size], "dtype": label, "shape": shape}},
-        separators=(",", ":"), sort_keys=True,
-    ).encode()
-    header += b" " * (-(len(header) + _LENGTH.size) % _ALIGN)
-    start = _LENGTH.size + len(header)
+    head = _written_head(label, tuple(shape), size)
+    start = len(head)
     values = _in_place(tensor.detach()) if size else None
     if values is not None:
-        return _LENGTH.pack(len(header)) + header, values
+        return head, values
     blob = bytearray(start + size)
-    blob[:start] = _LENGTH.pack(len(header)) + header
+    blob[:start] = head
     if size:
         target = torch.frombuffer(blob, dtype=torch.uint8, offset=start, count=size)
         source = tensor.detach()
@@ -105,6 +101,30 @@ def pieces(tensor: torch.Tensor) -> bytearray | tuple[bytes, Any]:
         # One pass: device, layout and lazy conj/neg bits are all resolved by copy_.
         target.view(shape).copy_(source)
     return blob
+
+
+# A training loop writes and reads the same few shapes every step: their headers are
+# made (and read, checked) once, not once a tensor. Bounded, and emptied when full.
+_HEADS: dict[tuple, bytes] = {}
+_READ_HEADS: dict[bytes, tuple[torch.dtype, list[int], int, int]] = {}
+_MOST_HEADS = 512
+
+
+def _written_head(label: str, shape: tuple[int, ...], size: int) -> bytes:
+    """The header length and the header of a tensor of this dtype and shape."""
+    key = (label, shape)
+    head = _HEADS.get(key)
+    if head is None:
+        header = json.dumps(
+            {"t": {"data_offsets": [0, size], "dtype": label, "shape": list(shape)}},
+            separators=(",", ":"), sort_keys=True,
+        ).encode()
+        header += b" " * (-(len(header) + _LENGTH.size) % _ALIGN)
+        head = _LENGTH.pack(len(header)) + header
+        if len(_HEADS) >= _MOST_HEADS:
+            _HEADS.clear()
+        _HEADS[key] = head
+    return head
 
 
 def _in_place(tensor: torch.Tensor) -> Any:
@@ -165,8 +185,24 @@ def _header(blob: Any) -> tuple[torch.dtype, list[int], int, int]:
     start = _LENGTH.size + length
     if start > view.nbytes:
         raise _corrupt(f"its header says it is {length} bytes, past the end of the blob")
+    raw = bytes(view[_LENGTH.size:start])
+    known = _READ_HEADS.get(raw)
+    if known is not None:  # read and checked before; only the length is this blob's
+        dtype, shape, start, size = known
+        if view.nbytes - start != size:
+            raise _corrupt(f"a {_WRITTEN[dtype]} tensor of shape {shape} is {size} bytes, "
+                           f"and this one has {view.nbytes - start}")
+        return dtype, list(shape), start, size
+    read = _read_header(view, raw, start)
+    if len(_READ_HEADS) >= _MOST_HEADS:
+        _READ_HEADS.clear()
+    _READ_HEADS[raw] = read
+    return read[0], list(read[1]), read[2], read[3]
+
+
+def _read_header(view: memoryview, raw: bytes, start: int) -> tuple[torch.dtype, list[int], int, int]:
     try:
-        entry = json.loads(bytes(view[_LENGTH.size:start]))["t"]
+        entry = json.loads(raw)["t"]
         label, shape, (first, last) = entry["dtype"], entry["shape"], entry["data_offsets"]
     except (ValueError, LookupError, TypeError, RecursionError) as exc:
         raise _corrupt(f"its header cannot be read ({type(exc).__name__}: {exc})") from None

@@ -14,7 +14,11 @@ and the optimizer is built at first use over the parameters that are *there*.
 
 An envelope is one reserved key, ``__soma_envelope__``, holding ``[gradient or None,
 closing]``: a dict, so it is data and crosses an edge and a wire as any value does,
-and telling one from an input is one dict lookup.
+and telling one from an input is one dict lookup. A pipelined step (``_pipeline``)
+runs several forwards before the first gradient comes back, so a trainer keeps every
+activation still owed a gradient, oldest first, and an envelope may carry a third
+item, ``behind``: how many forwards ran after the one it is for (none, the newest,
+unless said). Older ones are a failed step's leftovers and are let go of.
 """
 
 from __future__ import annotations
@@ -36,12 +40,28 @@ KEY = "__soma_envelope__"
 ASKING = "__soma_weights__"  # walked back to a trainer: answer the node's weights
 LOADING = "__soma_load__"  # walked back to a trainer: check (and copy) these weights
 HEALTH = "__soma_health__"  # beside an envelope: the health facts of the trainers it passed
+MOST_OWED = 256  # forwards a trainer keeps waiting for their gradient; a pipeline runs fewer
 
 
-def envelope(gradient: Any, closing: bool = False) -> dict[str, Any]:
+def envelope(gradient: Any, closing: bool = False, behind: int = 0) -> dict[str, Any]:
     """A gradient in its envelope, the way one crosses an edge. ``closing`` says this
-    one ends a group of accumulated steps, so whoever accumulates applies what it has."""
-    return {KEY: [None if gradient is None else Opaque(gradient), bool(closing)]}
+    one ends a group of accumulated steps, so whoever accumulates applies what it has;
+    ``behind`` says how many forwards ran after the one this gradient is for."""
+    carried = [None if gradient is None else Opaque(gradient), bool(closing)]
+    if behind:
+        carried.append(int(behind))
+    return {KEY: carried}
+
+
+def behind(value: Any) -> int:
+    """How many forwards ran after the one an envelope (or a map of them) is for."""
+    if type(value) is not dict:
+        return 0
+    found = [value] if KEY in value else [v for v in value.values() if is_envelope(v)]
+    for one in found:
+        if len(one[KEY]) > 2:
+            return int(one[KEY][2])
+    return 0
 
 
 def is_envelope(value: Any) -> bool:
@@ -104,6 +124,7 @@ class Learning(Node):
     _built: Any = None
     _taken = 0
     _closing = False
+    _owed: Any = None  # [given, held] of every forward still owed a gradient, oldest first
     _audit: Any = None  # an Audit of the node, watched by hand where it runs
     _audited_as = ""
     _pieces = 1  # learn calls that make one of the Trainer's steps (its micro)
@@ -139,6 +160,10 @@ class Learning(Node):
         if self._every is None:
             self._every = every
         return self
+
+    def steps_per_update(self) -> int:
+        """How many ``learn`` calls make one update of its optimizer."""
+        return self._every or 1
 
     # -- what a technique reads -----------------------------------------------------
     def training(self) -> list[torch.nn.Parameter]:
@@ -214,10 +239,13 @@ class Learning(Node):
         if isinstance(value, torch.Tensor):
             value = value.detach().requires_grad_(value.is_floating_point()
                                                   or value.is_complex())
-            self._given = value
-            return Opaque(value)
         self._given = value
-        return value
+        if self._owed is None:
+            self._owed = []
+        self._owed.append([value, None])
+        if len(self._owed) > MOST_OWED:  # failed steps' leftovers, never asked for
+            del self._owed[0]
+        return Opaque(value) if isinstance(value, torch.Tensor) else value
 
     def forward(self, value: Any, ctx: Ctx) -> Any:
         """Behind the node: an ordinary value is the activation to keep (what goes on is
@@ -236,11 +264,27 @@ class Learning(Node):
         if type(value) is dict and (STATE in value or RESTORE in value):
             return answer(self, value)  # a checkpoint kept, or taken up
         self._held = value
+        if self._owed:
+            self._owed[-1][1] = value
         if self._audit is not None:
             self._audit.saw(value)
         return Opaque(value.detach()) if isinstance(value, torch.Tensor) else value
 
+    def _owed_to(self, back: int) -> None:
+        """Makes the forward ``back`` before the newest this step's, letting go of it
+        and of every older one (a failed step's); none at all when there is none."""
+        owed = self._owed or []
+        at = len(owed) - 1 - back
+        if 0 <= at < len(owed):
+            self._given, self._held = owed[at]
+            del owed[:at + 1]
+        else:
+            self._given = self._held = None
+            owed.clear()
+
     def _learn_from(self, value: Any, ctx: Ctx) -> Any:
+        back = behind(value)
+        self._owed_to(back)
         self._closing = closing(value)
         signal = gradient(value, ctx.device)
         stepped = self._held is not None or signal is not None  # not update()'s message
@@ -248,7 +292,7 @@ class Learning(Node):
         ended = self.closes()
         self._taken = 0 if ended else self._taken + 1
         self._closing = False
-        said = envelope(answer, closing=closing(value))
+        said = envelope(answer, closing=closing(value), behind=back)
         health = [f for v in (value.values() if KEY not in value else [value])
                   for f in v.get(HEALTH, ())]  # what trainers below this one said
         if self._audit is not None and stepped:

@@ -32,6 +32,7 @@ from .._errors import CacheError, DeclarationError, NodeError
 from .._graph import Graph, GraphData, assembled, generated
 from .._node import Opaque
 from .._plan import stages
+from .._slices import backend_of, finish
 from ._audit import Audit
 from ._learning import ASKING, HEALTH, LOADING, Learning, envelope, gradient
 
@@ -185,40 +186,63 @@ class StagedDriver:
     def forward(self, x: Any, watching: Any, since: int) -> Any:
         """Runs every stage in order; answers the graph's output, made of fresh leaves
         so the objective's backward stops at the seam."""
+        self._pass, output = finish(self.forwarding(x, watching, since))
+        return output
+
+    def forwarding(self, x: Any, watching: Any, since: int, pipe: Any = None):
+        """``forward`` as a generator: with a ``pipe`` (``_pipeline.Counts``) it yields
+        while a stage is out on a worker, and it returns ``(its pass, the output)``."""
         produced: dict[str, Any] = {}
         handed: list[dict[str, Any]] = []
+        numbers: list[int] = []  # which forward of its stage this one is, in the pipe
         for k, stage in enumerate(self.stages):
             leaves = {p: _fresh(produced[p]) for p in stage.outside}
-            produced.update(execute(
+            answer = execute(
                 self.private, x, nodes=stage.nodes,
                 given={p: Opaque(v) for p, v in leaves.items()}, want=stage.wanted,
                 broker=self.broker, store=self.store if k == 0 else None,
-                watching=watching, framed=False, since=since))
+                watching=watching, framed=False, since=since, later=pipe is not None)
+            if pipe is not None:
+                numbers.append(pipe.forwarded(k))
+                if answer.waiting:
+                    yield
+                answer = answer.result()
+            produced.update(answer)
             handed.append(leaves)
         # An output made here by an untrained node keeps its graph, so the objective's
         # backward runs straight through its stage; only a trainer's (detached) or a
         # worker's output needs a leaf of its own to catch its gradient.
         outputs = {n: produced[n] if n in self.through else _fresh(produced[n])
                    for n in self.leaves}
-        self._pass = (produced, handed, outputs)
-        if len(outputs) == 1:
-            return next(iter(outputs.values()))
-        return outputs
+        output = next(iter(outputs.values())) if len(outputs) == 1 else outputs
+        return (produced, handed, outputs, numbers), output
 
     def backward(self, watching: Any, since: int) -> None:
         """After the objective's backward: hands every stage what it is owed, last first."""
         if self._pass is None:
             raise DeclarationError("a backward without a forward: step() runs them in pairs")
-        produced, handed, outputs = self._pass
-        self._pass = None
+        passed, self._pass = self._pass, None
+        finish(self.backwarding(passed, watching, since))
+
+    def backwarding(self, passed: Any, watching: Any, since: int, pipe: Any = None):
+        """``backward`` of one forward's pass as a generator, which yields (with a
+        ``pipe``) while a stage's walk back is out on a worker."""
+        produced, handed, outputs, numbers = passed
         owed: dict[str, torch.Tensor] = {}
         for n, leaf in outputs.items():
             if n not in self.through:  # those already passed their gradient on
                 _add(owed, n, getattr(leaf, "grad", None))
-        for stage, leaves in zip(reversed(self.stages), reversed(handed)):
+        last = len(self.stages) - 1
+        for k, (stage, leaves) in enumerate(zip(reversed(self.stages), reversed(handed))):
             if stage.trainers:
-                answers = self._walk_back(stage, {n: envelope(owed.get(n))
-                                                  for n in stage.back_given}, watching, since)
+                back = 0 if pipe is None else pipe.behind(last - k, numbers[last - k])
+                answers = self._walk_back(stage, {n: envelope(owed.get(n), behind=back)
+                                                  for n in stage.back_given}, watching, since,
+                                          later=pipe is not None)
+                if pipe is not None:
+                    if answers.waiting:
+                        yield
+                    answers = answers.result()
                 for entry, producer in stage.entries:
                     _add(owed, producer, gradient(answers[entry], _device(produced[producer])))
                 self._heard(answers)
@@ -264,10 +288,28 @@ class StagedDriver:
                 "was loaded, here or there") from exc
 
     def _walk_back(self, stage: Stage, given: dict[str, Any], watching: Any,
-                   since: int) -> dict[str, Any]:
+                   since: int, later: bool = False) -> Any:
         return execute(self.private, nodes=stage.trained, given=given,
-                       want=stage.reporting, transposed=True,
-                       broker=self.broker, watching=watching, framed=False, since=since)
+                       want=stage.reporting, transposed=True, broker=self.broker,
+                       watching=watching, framed=False, since=since, later=later)
+
+    def pipelines(self, pieces: int) -> bool:
+        """Whether a step of ``pieces`` would overlap: some stage runs on a worker, over
+        a backend that runs each host's slices in the order they were sent, and no
+        trainer updates inside a step (a piece's forward would see other weights).
+        Nor where an output made before the last worker's stage keeps its graph: the
+        loss's own backward would reach that stage before the worker's gradients did,
+        for every piece first, and its gradients would be added in another order."""
+        if any(learning.steps_per_update() % pieces for learning in self.trains.values()):
+            return False
+        hosts = self.private.hosts()
+        away = [k for k, stage in enumerate(self.stages) if any(n in hosts for n in stage.nodes)]
+        if not away:
+            return False
+        if any(n in self.through for stage in self.stages[:away[-1]] for n in stage.nodes):
+            return False
+        backend = backend_of(self.broker)
+        return bool(getattr(backend, "ordered", False))
 
     def _heard(self, answers: dict[str, Any]) -> None:
         """Keeps the health facts that came back beside the gradients, with the host

@@ -43,6 +43,7 @@ from .._slices import backend_of
 from ._audit import audit_for
 from ._checkpoint import Run, keep, kept_by, seed_all, take_up
 from ._learning import Learning
+from ._pipeline import pipelined, worthwhile
 from ._staged import StagedDriver
 from ._tensors import tensors_in
 from ._weights import (
@@ -81,7 +82,9 @@ class Trainer:
     ``watching`` is handed to every forward and also told ``loss`` and ``updated``.
     ``auditing=True`` (or an ``Audit``) hooks the graph and tells ``watching`` one
     ``health`` fact per node after each measured step; ``close()`` takes the hooks off
-    (so does collecting the Trainer).
+    (so does collecting the Trainer). With ``micro`` pieces and a trained stage on a
+    worker, the pieces overlap, with the same losses and weights bit for bit; they run
+    one after another with ``pipeline=False``, and while watched or audited.
 
     What is certainly wrong is refused here, before the first step: the same weights
     in two optimizers, a node both frozen and trained, a cache over something still
@@ -97,7 +100,7 @@ class Trainer:
                  optimizer: Any = None, trains: Mapping[str, Any] | None = None,
                  every: int = 1, micro: int = 1, store: Any = None, broker: Any = None,
                  workers: Mapping[str, Any] | None = None, watching: Any = None,
-                 auditing: Any = None):
+                 auditing: Any = None, pipeline: bool = True):
         if not isinstance(graph, Graph):
             raise TypeError(f"Trainer takes a somatize Graph, not a {type(graph).__qualname__}; "
                             "build one with Graph.somatize(...)")
@@ -110,6 +113,7 @@ class Trainer:
             )
         self._every = whole_number(every, "every", of="Trainer")  # steps in one update
         self._micro = whole_number(micro, "micro", of="Trainer")  # pieces of one step
+        self._pipeline = bool(pipeline)
         self._watchers = _watchers(watching)
         self._watching = self._watchers or None  # as the walk wants it: None is cheapest
         frozen = set(graph.frozen())
@@ -163,10 +167,14 @@ class Trainer:
         if self._taken == 0:
             self._open()
         losses = []
-        for x, y, share in pieces:
-            loss = self._loss(self._forward(x), y)
-            self._backward(loss, share)
-            losses.append(loss)
+        if self._pipelines(len(pieces)):
+            with _out_of_step():
+                losses = pipelined(self._staged, pieces, self._loss, self._seed)
+        else:
+            for x, y, share in pieces:
+                loss = self._loss(self._forward(x), y)
+                self._backward(loss, share)
+                losses.append(loss)
         self._taken += 1
         self._steps += 1
         if self._taken == self._every:
@@ -351,7 +359,13 @@ class Trainer:
             raise NoGradient(_no_loss(loss))
         return loss
 
-    def _backward(self, loss: torch.Tensor, share: float) -> None:
+    def _pipelines(self, pieces: int) -> bool:
+        """Whether this step's pieces overlap (``_pipeline``): only where nobody watches
+        or audits, whose facts and measures come piece by piece."""
+        return (self._pipeline and self._staged is not None and not self._watchers
+                and self._audit is None and worthwhile(self._staged, pieces))
+
+    def _seed(self, loss: torch.Tensor, share: float) -> None:
         # Written as the brief arithmetic says it, so micro=1, every=1 is exactly
         # loss.backward() and every=N is exactly loss / N.
         if share != 1.0:
@@ -359,6 +373,9 @@ class Trainer:
         if self._every != 1:
             loss = loss / self._every
         loss.backward()
+
+    def _backward(self, loss: torch.Tensor, share: float) -> None:
+        self._seed(loss, share)
         if self._staged is not None:
             with _out_of_step():
                 self._staged.backward(self._told, self._since)

@@ -30,7 +30,14 @@ _last: tuple[tuple, Broker] | None = None
 
 class Broker(Backend):
     """Where the hosts of a graph are: ``{host: Worker}``, resolved in this process.
-    The walk's way to them: a ``Backend`` whose slices go over each host's wire."""
+    The walk's way to them: a ``Backend`` whose slices go over each host's wire, in
+    the order they were sent (a worker answers a connection's requests in turn)."""
+
+    @property
+    def ordered(self) -> bool:  # type: ignore[override]
+        """Whether every host runs its slices in the order they were sent: over sockets
+        yes; a host whose link only runs (Ray's) is reached on a thread, in no order."""
+        return all(worker._link.sends_ahead() for worker in self._wires.values())
 
     def __init__(self, listing: dict[str, Worker]):
         if not isinstance(listing, dict):
@@ -137,6 +144,21 @@ class Broker(Backend):
 
     def run(self, piece: Slice) -> Outcome:
         """Runs one slice on its host in one round trip."""
+        worker, args = self._request(piece)
+        return worker._link.run(*args)
+
+    def submit(self, piece: Slice) -> Any:
+        """Sends one slice now and answers a pending Outcome (``result()``), read when
+        asked: a wave over many hosts costs one wait, not one round trip per host, and
+        a pipeline runs its next piece here while this one is out."""
+        worker = self._wire_of(piece.host)
+        if not worker._link.sends_ahead():
+            return super().submit(piece)
+        worker, args = self._request(piece)
+        return worker._link.submit(*args)
+
+    def _request(self, piece: Slice) -> tuple[Worker, tuple]:
+        """The wire a slice goes over, and what its link is handed to send it."""
         host, data = piece.host, piece.data
         worker = self._wire_of(host)
         if worker._link.staged is None:
@@ -164,8 +186,8 @@ class Broker(Backend):
             if refused:
                 raise UnwritableError(f"the input cannot travel to host {host!r}: {refused['i']}")
             tree.update(packed)
-        return worker._link.run(host, list(piece.nodes), tree, buffers, refs, list(piece.wanted),
-                                piece.watching, piece.forward, piece.transposed)
+        return worker, (host, list(piece.nodes), tree, buffers, refs, list(piece.wanted),
+                        piece.watching, piece.forward, piece.transposed)
 
     @staticmethod
     def _stranded(data: Any, pred: str, value: LostValue, nodes: Any, host: str) -> Lost:

@@ -44,6 +44,7 @@ _LAZY = (mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
          | getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform.startswith("linux") else 0))
 _POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23 if sys.platform.startswith("linux") else None)
 _IOV_MAX = 512
+_AHEAD = 64 << 10  # what one read may take at once, for the frames that follow
 
 
 class Closed(ConnectionError):
@@ -62,14 +63,62 @@ class Channel:
         self._prefix = bytearray(PREFIX)
         self._spare: list[Any] = []  # the last frame's large buffers, for the next one
         self._poller: Any = None
+        # Bytes read past the frame that wanted them (a small frame is read whole in one
+        # call, with whatever follows it): _ahead[_lo:_hi] is the next frame's start.
+        self._ahead = memoryview(bytearray(_AHEAD))
+        self._lo = self._hi = 0
         self.most: int | None = None  # the largest frame the far side said it accepts
 
+    @property
+    def duplex(self) -> bool:
+        """Whether a send can read meanwhile (a plain socket; TLS cannot, here)."""
+        return self._gather
+
     def send(self, kind: str, header: dict[str, Any] | None = None, buffers: Any = (),
-             sealed: bool = False) -> int:
-        """Sends one frame and returns how many bytes it took."""
+             sealed: bool = False, reading: Any = None) -> int:
+        """Sends one frame and returns how many bytes it took.
+
+        ``reading``, on a ``duplex`` channel, is called whenever the socket will take no
+        more and there is something to read: a peer that answers earlier requests
+        while this one goes out then never waits for us to read. It answers False
+        once there is nothing more it wants to read."""
         with self.lock:
             pieces = encode(kind, header, list(buffers), self.session, sealed, self.most)
-            return self._send_pieces(pieces)
+            if reading is None or not self._gather:
+                return self._send_pieces(pieces)
+            return self._send_reading(pieces, reading)
+
+    def _send_reading(self, pieces: list[Any], reading: Any) -> int:
+        sock = self.sock
+        timeout = sock.gettimeout()
+        total = sum(len(p) for p in pieces)
+        views = [memoryview(p) for p in pieces]
+        poller = select.poll()
+        wants = select.POLLOUT | select.POLLIN
+        poller.register(sock, wants)
+        sock.settimeout(0.0)
+        try:
+            while True:
+                try:
+                    views = _advance(views, sock.sendmsg(views[:_IOV_MAX]))
+                except BlockingIOError:
+                    pass
+                if not views:
+                    return total
+                ready = poller.poll(None if timeout is None else timeout * 1000)
+                if not ready:
+                    raise TimeoutError("the peer took nothing and said nothing")
+                if ready[0][1] & (select.POLLIN | select.POLLERR | select.POLLHUP) and wants & select.POLLIN:
+                    sock.settimeout(timeout)
+                    try:
+                        more = reading()
+                    finally:
+                        sock.settimeout(0.0)
+                    if more is False:
+                        wants = select.POLLOUT
+                        poller.modify(sock, wants)
+        finally:
+            sock.settimeout(timeout)
 
     def _send_pieces(self, pieces: list[Any]) -> int:
         """Sends what ``encode`` made (bytes, and byte views of the buffers)."""
@@ -155,9 +204,28 @@ class Channel:
         return None
 
     def _fill(self, view: memoryview, patient: bool = False, deadline: float | None = None) -> None:
+        got, size = 0, view.nbytes
+        if self._lo < self._hi:  # what an earlier read brought along
+            got = min(size, self._hi - self._lo)
+            view[:got] = self._ahead[self._lo:self._lo + got]
+            self._lo += got
+            if got == size:
+                return
+        if size - got < _AHEAD:  # a small rest: read what is there, the next frame's too
+            self._lo = self._hi = 0
+            self._hi = self._read(self._ahead, got == 0 and patient, deadline, need=size - got)
+            more = size - got
+            view[got:] = self._ahead[:more]
+            self._lo = more
+            return
+        self._read(view[got:], patient and not got, deadline, need=size - got)
+
+    def _read(self, view: memoryview, patient: bool, deadline: float | None, need: int) -> int:
+        """Reads at least ``need`` bytes into ``view`` (more if they are there and it has
+        room); answers how many it read."""
         sock = self.sock
         recv_into = sock.recv_into
-        got, size = 0, view.nbytes
+        got, size = 0, need
         while got < size:
             if deadline is not None:
                 left = deadline - time.monotonic()
@@ -173,6 +241,7 @@ class Channel:
             if not n:
                 raise Closed(f"the peer closed the connection ({got} of {size} bytes read)")
             got += n
+        return got
 
     def idle_and_open(self) -> bool:
         """Whether nothing at all is waiting on an idle connection.
@@ -181,7 +250,7 @@ class Channel:
         end of the connection (a restarted worker) or garbage: either way not a
         connection to send on.
         """
-        if isinstance(self.sock, ssl.SSLSocket) and self.sock.pending():
+        if self._lo < self._hi or isinstance(self.sock, ssl.SSLSocket) and self.sock.pending():
             return False
         try:
             if self._poller is None:  # not select(): it refuses descriptors past 1024

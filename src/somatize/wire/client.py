@@ -9,6 +9,7 @@ our token, or it said something that is not a frame.
 
 from __future__ import annotations
 
+import collections
 import hmac
 import socket
 import ssl
@@ -24,7 +25,7 @@ from .catalog import unpack_values
 from .channel import Channel, Closed
 from .protocol import HANDSHAKE, VERSION, Session, derive_key, new_nonce, proof, session_key
 
-__all__ = ["Link", "Outcome", "RemoteTraceback", "Staged"]
+__all__ = ["Link", "Outcome", "Pending", "RemoteTraceback", "Staged"]
 
 
 @dataclass(frozen=True)
@@ -59,8 +60,36 @@ _PLAIN = {name: getattr(_errors, name) for name in (
     "EdgeError", "DeclarationError", "UnwritableError", "CacheError", "OutOfStep", "NoGradient")}
 
 
+class Pending:
+    """A slice sent and not answered yet: ``result()`` reads its answer (and those of
+    the slices sent before it on the same wire, which come first) and answers the
+    Outcome, or raises what went wrong, naming the host."""
+
+    __slots__ = ("args", "error", "host", "link", "nodes", "outcome", "sent", "settled",
+                 "took_sent", "watching")
+
+    def __init__(self, link: Link, host: str, nodes: list[str], watching: bool, args: tuple):
+        self.link, self.host, self.nodes, self.watching, self.args = link, host, nodes, watching, args
+        self.settled = False
+        self.outcome: Outcome | None = None
+        self.error: BaseException | None = None
+        self.sent = self.took_sent = 0
+
+    def done(self) -> bool:
+        return self.settled
+
+    def result(self) -> Outcome:
+        if not self.settled:
+            self.link.settle(self)
+        if self.error is not None:
+            raise self.error
+        return self.outcome
+
+
 class Link:
-    """One connection to one worker, used by one request at a time."""
+    """One connection to one worker. Requests go out in order, and may go out before
+    the answers to earlier ones are read (a pipeline, a fan-out): the worker answers
+    them in the order it got them, so ``inflight`` is read oldest first."""
 
     def __init__(self, worker: Any):
         self.worker = worker
@@ -69,15 +98,45 @@ class Link:
         self.staged: Staged | None = None
         self.declared: str | None = None  # the catalog this connection runs against
         self.instance: str | None = None
+        self.inflight: collections.deque[Pending] = collections.deque()
+        self._sending = False
 
     def stage(self, staged: Staged) -> None:
         self.staged = staged
+
+    def sends_ahead(self) -> bool:
+        """Whether ``submit`` may send now and read later: on this socket link, yes; a
+        link that runs slices its own way (over Ray's actor calls) is only ``run``."""
+        return type(self).run is Link.run
 
     # -- a slice --------------------------------------------------------------------
     def run(self, host: str, nodes: list[str], tree: Any, buffers: list[Any], refs: list[str],
             wanted: list[str], watching: bool, forward: str | None,
             transposed: bool = False) -> Outcome:
         """Runs one slice there and answers with what came back."""
+        pending = self._pending(host, nodes, tree, buffers, refs, wanted, watching, forward,
+                                transposed)
+        with self.lock:  # sent and read under one hold of the lock: the common case
+            self._send(pending, retry=True)
+            while not pending.settled:
+                self._read_one()
+        if pending.error is not None:
+            raise pending.error
+        return pending.outcome
+
+    def submit(self, host: str, nodes: list[str], tree: Any, buffers: list[Any], refs: list[str],
+               wanted: list[str], watching: bool, forward: str | None,
+               transposed: bool = False) -> Pending:
+        """Sends one slice now; its answer is read by the ``Pending``'s ``result()``."""
+        pending = self._pending(host, nodes, tree, buffers, refs, wanted, watching, forward,
+                                transposed)
+        with self.lock:
+            self._send(pending, retry=True)
+        return pending
+
+    def _pending(self, host: str, nodes: list[str], tree: Any, buffers: list[Any],
+                 refs: list[str], wanted: list[str], watching: bool, forward: str | None,
+                 transposed: bool) -> Pending:
         header: dict[str, Any] = {"f": bytes.fromhex(forward) if forward else bytes(16),
                                   "n": nodes, "w": wanted, "v": tree}
         if refs:
@@ -86,33 +145,102 @@ class Link:
             header["x"] = True
         if transposed:
             header["t"] = True
-        with self.lock:
-            for attempt in (0, 1):
-                fresh = self._open(host)
+        return Pending(self, host, nodes, watching, (header, buffers))
+
+    def _send(self, pending: Pending, retry: bool) -> None:
+        """Sends a slice (under the lock), reading earlier answers meanwhile where the
+        socket is full, so that neither side waits on the other to read."""
+        host, nodes = pending.host, pending.nodes
+        header, buffers = pending.args
+        for attempt in (0, 1):
+            fresh = self._open(host)
+            if self.staged is not None and self.declared != self.staged.ident:
+                self._settle_all()  # a catalog's round trip comes after what is out
                 self._declare(host)
-                began = time.perf_counter_ns()
+            if self.inflight and not self.channel.duplex:
+                self._settle_all()  # TLS cannot read while it sends: no overlap there
+            began = time.perf_counter_ns()
+            reading = self._read_more if self.inflight else None
+            self._sending = True
+            try:
+                sent = self.channel.send("slice", header, buffers, reading=reading)
+            except ProtocolError as exc:  # refused before a byte went: the connection is well
+                raise self._too_large(host, f"slice {nodes}", exc) from None
+            except TimeoutError:
+                raise self._silent(host, f"while sending slice {nodes}") from None
+            except OSError as exc:
+                alone = not self.inflight
+                self._drop()
+                if attempt == 0 and not fresh and alone and retry:  # it broke before it ran
+                    continue
+                raise self._broken(host, f"while sending slice {nodes}", exc) from None
+            finally:
+                self._sending = False
+            pending.sent, pending.took_sent = sent, (time.perf_counter_ns() - began) // 1000
+            self.inflight.append(pending)
+            return
+
+    def settle(self, pending: Pending) -> None:
+        """Reads answers, oldest first, until ``pending``'s is in."""
+        with self.lock:
+            while not pending.settled:
+                if not self.inflight:  # dropped with it unanswered, and told so
+                    raise AssertionError("a pending slice that is neither out nor answered")
+                self._read_one()
+
+    def _read_more(self) -> bool:
+        """Reads one answer while a send waits; False once none is owed."""
+        if self.inflight:
+            self._read_one()
+        return bool(self.inflight)
+
+    def _settle_all(self) -> None:
+        while self.inflight:
+            self._read_one()
+
+    def _read_one(self) -> None:
+        """Reads the next answer and settles the oldest slice out with it."""
+        owed = list(self.inflight)
+        pending = owed[0]
+        host, nodes = pending.host, pending.nodes
+        try:
+            reply = self._answer(host, f"while running slice {nodes}")
+        except BaseException as exc:  # the connection is gone: so is every answer owed
+            self.inflight.clear()
+            for each in owed:
+                self._settle(each, None, exc)
+            raise
+        self.inflight.popleft()
+        if reply.kind == "need":  # somebody replaced the catalog meanwhile
+            self.declared = None
+            if not self.inflight and pending.args is not None and not self._sending:
+                # alone on the wire: declared again and sent once more
                 try:
-                    sent = self.channel.send("slice", header, buffers)
-                except ProtocolError as exc:  # refused before a byte went: the connection is well
-                    raise self._too_large(host, f"slice {nodes}", exc) from None
-                except TimeoutError:
-                    raise self._silent(host, f"while sending slice {nodes}") from None
-                except OSError as exc:
-                    self._drop()
-                    if attempt == 0 and not fresh:  # it broke before it could have run
-                        continue
-                    raise self._broken(host, f"while sending slice {nodes}", exc) from None
-                took_sent = (time.perf_counter_ns() - began) // 1000
-                reply = self._answer(host, f"while running slice {nodes}")
-                if reply.kind == "need":  # somebody replaced the catalog meanwhile
-                    self.declared = None
-                    if attempt == 0:
-                        continue
-                    raise WireError(f"host {host!r}: the worker's catalog keeps changing under "
-                                    "this client; is another client using it with another graph?",
-                                    host=host)
-                return self._outcome(host, nodes, reply, sent, took_sent, watching)
-        raise AssertionError("unreachable")
+                    self._send(pending, retry=False)
+                except BaseException as exc:
+                    self._settle(pending, None, exc)
+                pending.args = None  # no third time
+                return
+            self._settle(pending, None, WireError(
+                f"host {host!r}: the worker's catalog keeps changing under this client; is "
+                "another client using it with another graph?", host=host))
+            return
+        try:
+            outcome = self._outcome(host, nodes, reply, pending.sent, pending.took_sent,
+                                    pending.watching)
+        except Exception as exc:
+            self._settle(pending, None, exc)
+        else:
+            self._settle(pending, outcome, None)
+
+    @staticmethod
+    def _settle(pending: Pending, outcome: Outcome | None, error: BaseException | None) -> None:
+        pending.outcome, pending.error, pending.settled = outcome, error, True
+        pending.args = None
+
+    def _fail_inflight(self, exc: BaseException) -> None:
+        while self.inflight:
+            self._settle(self.inflight.popleft(), None, exc)
 
     def _outcome(self, host: str, nodes: list[str], reply: Any, sent: int, took_sent: int,
                  watching: bool) -> Outcome:
@@ -217,7 +345,7 @@ class Link:
     def _open(self, host: str) -> bool:
         """Opens the connection if it is not open and well; says whether it did."""
         if self.channel is not None:
-            if self.channel.idle_and_open():
+            if self.inflight or self.channel.idle_and_open():  # answers owed: in use
                 return False
             self._drop()
         worker = self.worker
@@ -409,6 +537,11 @@ class Link:
     def _drop(self) -> None:
         channel, self.channel = self.channel, None
         self.declared = None
+        if self.inflight:
+            where = self.worker._where(self.inflight[0].host)
+            self._fail_inflight(WireError(
+                f"host {self.inflight[0].host!r} ({where}): the connection was dropped before "
+                "this slice was answered", host=self.inflight[0].host))
         if channel is not None:
             channel.close()
 

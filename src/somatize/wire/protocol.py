@@ -128,10 +128,12 @@ class Session:
     sends the other receives, so the direction byte is the sender's.
     """
 
-    __slots__ = ("_key", "peer", "received", "sent", "side")
+    __slots__ = ("_keyed", "peer", "received", "sent", "side")
 
     def __init__(self, key: bytes, side: bytes):
-        self._key = key
+        # Keyed once per connection: copying a hash that has taken in its key costs
+        # less than keying a fresh one for every frame, and answers the same.
+        self._keyed = hashlib.blake2b(key=key, digest_size=MAC_SIZE)
         self.side = side
         self.peer = b"W" if side == b"C" else b"C"
         self.sent = 0
@@ -140,7 +142,8 @@ class Session:
     def tag(self, direction: bytes, seq: int, *parts: Any) -> bytes:
         """The MAC of these parts from this direction at this sequence number: keyed
         BLAKE2b, a MAC by design and a third of HMAC-SHA256's cost on small frames."""
-        mac = hashlib.blake2b(direction + _SEQ.pack(seq), key=self._key, digest_size=MAC_SIZE)
+        mac = self._keyed.copy()
+        mac.update(direction + _SEQ.pack(seq))
         for part in parts:
             mac.update(part)
         return mac.digest()
