@@ -37,11 +37,11 @@ from .._graph import Graph
 from .._remember import open_store
 from ..store._store import check_name
 from ._random import HERE, check_random, on_host, random_state, seeded, set_random
-from ._weights import checked_node, checked_weights, copy_weights, weights_of
+from ._weights import checked_weights, copy_weights, weights_of
 
-__all__ = ["Keeper", "RESTORE", "STATE", "Run", "answer", "keep", "learning_state",
-           "restore_learning",
-           "seed_all", "take_up"]
+__all__ = ["Keeper", "RESTORE", "STATE", "Run", "check_optimizer", "copied", "grads_of", "keep",
+           "layout", "load_optimizer", "optimizer_state", "seed_all", "set_grads", "take_up",
+           "weight_names"]
 
 FORMAT = "somatize.checkpoint/1"
 STATE = "__soma_state__"  # walked back to a trainer: answer its node's weights and its state
@@ -66,13 +66,14 @@ def optimizer_state(optimizer: Any) -> dict[str, Any] | None:
     if optimizer is None:
         return None
     said = optimizer.state_dict()
-    state = {str(k): {key: _copied(v) for key, v in entry.items()}
+    state = {str(k): {key: copied(v) for key, v in entry.items()}
              for k, entry in said["state"].items()}
     return {"type": type(optimizer).__qualname__, "state": state,
             "param_groups": [dict(group) for group in said["param_groups"]]}
 
 
-def _copied(value: Any) -> Any:
+def copied(value: Any) -> Any:
+    """A tensor detached and cloned, so training on cannot change what is kept."""
     return value.detach().clone() if isinstance(value, torch.Tensor) else value
 
 
@@ -84,7 +85,7 @@ def layout(optimizer: Any, name_of: Mapping[int, str]) -> list[list[str]]:
              for p in group["params"]] for group in optimizer.param_groups]
 
 
-def _check_optimizer(optimizer: Any, saved: Any, kept: list, here: list, whose: str) -> None:
+def check_optimizer(optimizer: Any, saved: Any, kept: list, here: list, whose: str) -> None:
     """Refuses an optimizer state that another layout of optimizer left."""
     if saved is None:
         return
@@ -110,83 +111,27 @@ def _check_optimizer(optimizer: Any, saved: Any, kept: list, here: list, whose: 
                 "compared with the checkpoint; build the optimizer over the same parameters")
 
 
-def _load_optimizer(optimizer: Any, saved: Any) -> None:
+def load_optimizer(optimizer: Any, saved: Any) -> None:
+    """Takes a state ``optimizer_state`` answered, already checked."""
     if optimizer is None or saved is None:
         return
     optimizer.load_state_dict({"state": {int(k): v for k, v in saved["state"].items()},
                                "param_groups": saved["param_groups"]})
 
 
-# -- a Learning's own state ------------------------------------------------------------
-def learning_state(learning: Any) -> dict[str, Any]:
-    """A Learning's own state: its optimizer's (None until it is built) and where its
-    group stands."""
-    built = learning._built
-    return {"type": type(learning).__qualname__, "every": learning._every,
-            "taken": learning._taken, "piece": learning._piece,
-            "optimizer": optimizer_state(built),
-            "layout": layout(built, _names(learning._node)) if built is not None else []}
-
-
-def checked_learning(learning: Any, state: Any) -> None:
-    """Refuses a Learning's state that a Learning of another kind or layout left."""
-    if not isinstance(state, Mapping) or "taken" not in state:
-        raise TypeError(f"{type(learning).__qualname__}.restore() takes what state() answered, "
-                        f"not a {type(state).__qualname__}")
-    if state["type"] != type(learning).__qualname__:
-        raise DeclarationError(f"the state given was a {state['type']}'s and this is a "
-                               f"{type(learning).__qualname__}; train the node the same way")
-    every = learning._every or 1
-    if state["taken"] >= every:
-        raise DeclarationError(
-            f"the state given is {state['taken']} steps into a group and this "
-            f"{type(learning).__qualname__} makes one update every {every}; restore it with "
-            "the every= it was kept with")
-    if state["optimizer"] is not None:  # compared with one built over what is here
-        built = learning._built or learning._factory(learning.training())
-        _check_optimizer(built, state["optimizer"], state["layout"],
-                         layout(built, _names(learning._node)),
-                         f"the {type(learning).__qualname__}'s")
-
-
-def restore_learning(learning: Any, state: Any) -> None:
-    """Checks a Learning's state against it, then takes it; nothing changes if refused."""
-    checked_learning(learning, state)
-    if state["optimizer"] is None:
-        learning._built = None  # built afresh at first use, as it was then
-    else:
-        _load_optimizer(learning.optimizer, state["optimizer"])
-    learning._taken, learning._piece = state["taken"], state["piece"]
-
-
-def answer(learning: Any, message: dict[str, Any]) -> dict[str, Any]:
-    """What a trainer answers a checkpoint's message, where it runs."""
-    node = learning._node
-    if STATE in message:
-        return {STATE: {"weights": {k: _copied(v) for k, v in weights_of(node).items()},
-                        "grads": _grads(node) if learning._taken else {},
-                        "learning": learning_state(learning)}}
-    asked = message[RESTORE]
-    plan = checked_node(node, asked["node"], asked["weights"])
-    checked_learning(learning, asked["learning"])
-    if not asked["check"]:
-        copy_weights([plan])
-        _set_grads(node, asked["grads"])
-        restore_learning(learning, asked["learning"])
-    return {RESTORE: True}
-
-
-def _names(node: Any, prefix: str = "") -> dict[int, str]:
+def weight_names(node: Any, prefix: str = "") -> dict[int, str]:
+    """Each tensor weight of ``node`` by its id, named ``prefix + key``."""
     return {id(v): prefix + k for k, v in weights_of(node).items() if isinstance(v, torch.Tensor)}
 
 
-def _grads(node: Any) -> dict[str, torch.Tensor]:
+def grads_of(node: Any) -> dict[str, torch.Tensor]:
     """The gradients a group still open has accumulated in a node, by weight name."""
     return {k: v.grad.detach().clone() for k, v in weights_of(node).items()
             if isinstance(v, torch.Tensor) and v.grad is not None}
 
 
-def _set_grads(node: Any, grads: Mapping[str, Any]) -> None:
+def set_grads(node: Any, grads: Mapping[str, Any]) -> None:
+    """Puts back the gradients of an open group; every other weight's is cleared."""
     live = weights_of(node)
     for key, value in live.items():
         if isinstance(value, torch.Tensor) and value.requires_grad:
@@ -284,7 +229,7 @@ def _message(run: Run, node: str, message: dict[str, Any]) -> Any:
 
 def _names_of(graph: Graph) -> dict[int, str]:
     return {k: v for n in graph.nodes()
-            for k, v in _names(graph.implementation(n), n + "/").items()}
+            for k, v in weight_names(graph.implementation(n), n + "/").items()}
 
 
 def gather(run: Run) -> dict[str, Any]:
@@ -301,9 +246,9 @@ def gather(run: Run) -> dict[str, Any]:
         node = g.implementation(n)
         live = weights_of(node, n)
         if live:
-            weights[n] = {k: _copied(v) for k, v in live.items()}
+            weights[n] = {k: copied(v) for k, v in live.items()}
             if run.counters["taken"]:
-                grads[n] = _grads(node)
+                grads[n] = grads_of(node)
     randoms[HERE] = random_state()  # last, after the messages that cannot use it
     return {"identity": identity(run), "counters": dict(run.counters), "weights": weights,
             "grads": grads, "optimizer": optimizer_state(run.optimizer),
@@ -426,7 +371,7 @@ def take_up(store: Any, name: str, run: Run) -> dict[str, Any]:
             f"updates every={every}; resume with the every= it was kept with "
             f"({counters['every']})")
     g = run.graph
-    _check_optimizer(run.optimizer, parts["optimizer"], parts["layout"],
+    check_optimizer(run.optimizer, parts["optimizer"], parts["layout"],
                      layout(run.optimizer, _names_of(g)), "the Trainer's")
     plan = checked_weights(g, parts["weights"])
     far = _far(run)
@@ -447,8 +392,8 @@ def take_up(store: Any, name: str, run: Run) -> dict[str, Any]:
     copy_weights(plan)
     for n in g.nodes():
         if n in parts["weights"]:
-            _set_grads(g.implementation(n), parts["grads"].get(n, {}))
-    _load_optimizer(run.optimizer, parts["optimizer"])
+            set_grads(g.implementation(n), parts["grads"].get(n, {}))
+    load_optimizer(run.optimizer, parts["optimizer"])
     set_random(parts["random"][HERE])
     return counters
 

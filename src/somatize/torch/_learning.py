@@ -24,14 +24,15 @@ unless said). Older ones are a failed step's leftovers and are let go of.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
-from .._errors import OutOfStep, whole_number
+from .._errors import DeclarationError, OutOfStep, whole_number
 from .._node import Ctx, Node, Opaque
-from ._checkpoint import RESTORE, STATE, answer, learning_state, restore_learning
+from ._checkpoint import (RESTORE, STATE, check_optimizer, copied, grads_of, layout, load_optimizer,
+                          optimizer_state, set_grads, weight_names)
 from ._weights import checked_node, copy_weights, weights_of
 
 __all__ = ["Enters", "Learning", "Split", "carries", "envelope", "gradient", "is_envelope"]
@@ -219,12 +220,56 @@ class Learning(Node):
     def state(self) -> dict[str, Any]:
         """Its own state, to be kept: its optimizer's (None until built), and where its
         group stands. Not its node's weights, which are the node's."""
-        return learning_state(self)
+        built = self._built
+        return {"type": type(self).__qualname__, "every": self._every, "taken": self._taken,
+                "piece": self._piece, "optimizer": optimizer_state(built),
+                "layout": layout(built, weight_names(self._node)) if built is not None else []}
 
     def restore(self, state: dict[str, Any]) -> None:
         """Takes what ``state()`` answered, checked first: nothing changes if it is
         refused (another technique, another optimizer layout, a group too far along)."""
-        restore_learning(self, state)
+        self._check_state(state)
+        if state["optimizer"] is None:
+            self._built = None  # built afresh at first use, as it was then
+        else:
+            load_optimizer(self.optimizer, state["optimizer"])
+        self._taken, self._piece = state["taken"], state["piece"]
+
+    def _check_state(self, state: Any) -> None:
+        name = type(self).__qualname__
+        if not isinstance(state, Mapping) or "taken" not in state:
+            raise TypeError(f"{name}.restore() takes what state() answered, "
+                            f"not a {type(state).__qualname__}")
+        if state["type"] != name:
+            raise DeclarationError(f"the state given was a {state['type']}'s and this is a "
+                                   f"{name}; train the node the same way")
+        every = self._every or 1
+        if state["taken"] >= every:
+            raise DeclarationError(
+                f"the state given is {state['taken']} steps into a group and this {name} makes "
+                f"one update every {every}; restore it with the every= it was kept with")
+        if state["optimizer"] is not None:  # compared with one built aside: nothing is built
+            built = self._built or self._factory(self.training())
+            check_optimizer(built, state["optimizer"], state["layout"],
+                            layout(built, weight_names(self._node)), f"the {name}'s")
+
+    def _kept_or_restored(self, message: dict[str, Any]) -> dict[str, Any]:
+        """What a trainer answers a checkpoint's message, wherever it runs: its node's
+        weights, an open group's gradients and its own state; or those checked (by
+        everyone before anyone copies), then taken."""
+        node = self._node
+        if STATE in message:
+            return {STATE: {"weights": {k: copied(v) for k, v in weights_of(node).items()},
+                            "grads": grads_of(node) if self._taken else {},
+                            "learning": self.state()}}
+        asked = message[RESTORE]
+        plan = checked_node(node, asked["node"], asked["weights"])
+        self._check_state(asked["learning"])
+        if not asked["check"]:
+            copy_weights([plan])
+            set_grads(node, asked["grads"])
+            self.restore(asked["learning"])
+        return {RESTORE: True}
 
     # -- the two positions ------------------------------------------------------------
     def entering(self, value: Any, ctx: Ctx) -> Any:
@@ -262,7 +307,7 @@ class Learning(Node):
                 copy_weights([plan])
             return {LOADING: True}
         if type(value) is dict and (STATE in value or RESTORE in value):
-            return answer(self, value)  # a checkpoint kept, or taken up
+            return self._kept_or_restored(value)  # a checkpoint kept, or taken up
         self._held = value
         if self._owed:
             self._owed[-1][1] = value
