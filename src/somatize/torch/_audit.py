@@ -83,7 +83,7 @@ class Audit:
         self._held: Held | None = None  # the weights of what is watched
         self._before: dict[Any, list[torch.Tensor]] | None = None  # them as this step found them
         self._keep: list[torch.Tensor] | None = None  # probe holds what was produced
-        self._probes = 1  # gradients pooled over this many probes are read as one
+        self.probes = 1  # gradients pooled over this many probes are read as one
 
     def __repr__(self) -> str:
         watching = f", watching {len(self._wheres)} wheres" if self._graph is not None else ""

@@ -141,7 +141,7 @@ class Place:
             out = _pooled_acts([(n, b, _zero_at(sink.get(h), 3, finite))
                                 for n, b, h, finite in acts])
             out.update(_pooled_grads([(n, _zero_at(sink.get(h), 2, finite)) for n, h, finite in grads],
-                                     self.audit._probes))
+                                     self.audit.probes))
             if acts or grads:
                 out["nonfinite"] = out.pop("_act_nonfinite", 0) + out.pop("_grad_nonfinite", 0)
             if dead is not None:  # how many stayed zero, and out of how many

@@ -49,7 +49,7 @@ def probe(graph: Graph, example: Any, *, depth: int = 0, most: int = 48, probes:
     for name, value, least in (("depth", depth, 0), ("most", most, 1), ("probes", probes, 1)):
         whole_number(value, name, least=least, of="probe()")
     audit = Audit(every=1, snapshot=1, inside=depth, most=most)
-    audit._probes = probes
+    audit.probes = probes
     audit._keep = []
     modules = list({id(m): m for n in graph.nodes() for held in modules_of(graph.implementation(n))
                     for m in held.modules()}.values())
