@@ -34,6 +34,7 @@ from somatize.torch import Split, Trainer, parameters  # noqa: E402
 
 sys.path.append(HERE)
 from _bench import cycled, median  # noqa: E402
+from split import model  # noqa: E402  (the ~10 ms model, the same one)
 
 QUICK = "--quick" in sys.argv
 TINY = 100 if QUICK else 500
@@ -45,17 +46,6 @@ MB64 = 64 << 20
 class Same(Node):
     def forward(self, x, ctx):
         return Opaque(x) if isinstance(x, torch.Tensor) else x
-
-
-class Dense(Node):
-    def __init__(self, a, b):
-        self.lin = torch.nn.Linear(a, b)
-
-    def forward(self, x, ctx):
-        return Opaque(torch.relu(self.lin(x)))
-
-    def parameters(self):
-        return list(self.lin.parameters())
 
 
 @ray.remote(num_cpus=0)
@@ -100,17 +90,12 @@ def split_step(on_ray, socket_worker):
     data = [(torch.randn(rows, width), torch.randn(rows, width)) for _ in range(STEPS)]
     steps = {}
     for name, worker in (("ray", on_ray), ("socket", socket_worker)):
-        torch.manual_seed(0)
-        cut = Graph.somatize(Dense(width, width).named("encoder")
-                             >> Dense(width, width).named("body").at("w")
-                             >> Dense(width, width).named("head"))
+        cut = model(width, "w")
         trains = {"body": Split(torch.optim.SGD, lr=0.01)}
         trainer = Trainer(cut, objective=mse, trains=trains, broker=Broker.embedded({"w": worker}),
                           optimizer=torch.optim.SGD(parameters(cut, without=trains), lr=0.01))
         steps[name] = cycled(trainer.step, data)
-    torch.manual_seed(0)
-    whole = Graph.somatize(Dense(width, width).named("encoder") >> Dense(width, width).named("body")
-                           >> Dense(width, width).named("head"))
+    whole = model(width)
     one = Trainer(whole, objective=mse, optimizer=torch.optim.SGD(parameters(whole), lr=0.01))
     steps["one piece"] = cycled(one.step, data)
     return interleaved(steps, STEPS, warm=5)
@@ -121,8 +106,8 @@ def main():
     ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     bare = Bare.remote()
     ray.get(bare.echo.remote(0))
-    with Worker.on_ray(mode="network", num_cpus=0) as on_ray, \
-            Worker.generic(mode="network") as socket_worker:
+    with Worker.on_ray(mode="network", send=["split"], num_cpus=0) as on_ray, \
+            Worker.generic(mode="network", send=["split"]) as socket_worker:
         tiny, big = tiny_and_big(on_ray, socket_worker, bare)
         split = split_step(on_ray, socket_worker)
     ray.shutdown()

@@ -20,7 +20,7 @@ import ray.exceptions
 
 from .._errors import DeclarationError, WireError
 from .._slices import Outcome
-from ..wire.client import Link, Staged
+from ..wire.client import Link, Staged, slice_header
 from ..wire.declare import Worker, checked_mode, checked_timeout
 from ..wire.protocol import Limits
 from .actor import Host
@@ -184,14 +184,7 @@ class RayLink(Link):
             wanted: list[str], watching: bool, forward: str | None,
             transposed: bool = False) -> Outcome:
         """Runs one slice on the actor and answers with what came back."""
-        header: dict[str, Any] = {"f": bytes.fromhex(forward) if forward else bytes(16),
-                                  "n": nodes, "w": wanted, "v": tree}
-        if refs:
-            header["r"] = refs
-        if watching:
-            header["x"] = True
-        if transposed:
-            header["t"] = True
+        header = slice_header(nodes, tree, refs, wanted, watching, forward, transposed)
         with self.lock:
             actor = self.worker.actor(host)
             began = time.perf_counter_ns()

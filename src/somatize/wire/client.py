@@ -25,7 +25,22 @@ from .catalog import unpack_values
 from .channel import Channel, Closed
 from .protocol import HANDSHAKE, VERSION, Session, derive_key, new_nonce, proof, session_key
 
-__all__ = ["Link", "Outcome", "Pending", "RemoteTraceback", "Staged"]
+__all__ = ["Link", "Outcome", "Pending", "RemoteTraceback", "Staged", "slice_header"]
+
+
+def slice_header(nodes: list[str], tree: Any, refs: list[str], wanted: list[str], watching: bool,
+                 forward: str | None, transposed: bool) -> dict[str, Any]:
+    """The header of a slice request, whichever transport carries it; what is off is
+    left out, so the common request stays small."""
+    header: dict[str, Any] = {"f": bytes.fromhex(forward) if forward else bytes(16),
+                              "n": nodes, "w": wanted, "v": tree}
+    if refs:
+        header["r"] = refs
+    if watching:
+        header["x"] = True
+    if transposed:
+        header["t"] = True
+    return header
 
 
 @dataclass(frozen=True)
@@ -137,14 +152,7 @@ class Link:
     def _pending(self, host: str, nodes: list[str], tree: Any, buffers: list[Any],
                  refs: list[str], wanted: list[str], watching: bool, forward: str | None,
                  transposed: bool) -> Pending:
-        header: dict[str, Any] = {"f": bytes.fromhex(forward) if forward else bytes(16),
-                                  "n": nodes, "w": wanted, "v": tree}
-        if refs:
-            header["r"] = refs
-        if watching:
-            header["x"] = True
-        if transposed:
-            header["t"] = True
+        header = slice_header(nodes, tree, refs, wanted, watching, forward, transposed)
         return Pending(self, host, nodes, watching, (header, buffers))
 
     def _send(self, pending: Pending, retry: bool) -> None:
