@@ -339,6 +339,14 @@ class Held:
         self.devices: dict[Any, list[int]] = {}  # the tensors on each device
         for k, p in enumerate(params):
             self.devices.setdefault(p.device, []).append(k)
+        # where each tensor's norms are among its device's: (device, column, columns)
+        self.column = [None] * len(params)
+        for device, ks in self.devices.items():
+            for column, k in enumerate(ks):
+                self.column[k] = (device, column, len(ks))
+        # per device, which of its reads are views (not copies) and the buffers they
+        # are copied into at the start of a step: made once, again when a view is
+        self.copying: dict[Any, tuple[list[int], list[torch.Tensor]]] = {}
 
     def _index(self, p: torch.Tensor) -> torch.Tensor | None:
         """Which runs of ``_RUN`` entries stand for ``p`` (None: all of it)."""
@@ -360,6 +368,7 @@ class Held:
                 index = self.index[k] = index.to(p.device)
                 flat = flat[:flat.shape[0] - flat.shape[0] % _RUN].view(-1, _RUN)
             view = self.views[k] = flat
+            self.copying.clear()
         index = self.index[k]
         return view if index is None else view.index_select(0, index)  # norms need no flat copy
 
@@ -372,7 +381,16 @@ class Held:
             reads = [self._read(k) for k in ks]
             if any(read.device != device for read in reads):
                 return {}
-            out[device] = list(torch._foreach_mul(reads, 1.0))
+            copying = self.copying.get(device)
+            if copying is None:  # a sampled read is a copy already; a view is not
+                at = [i for i, k in enumerate(ks) if self.index[k] is None]
+                copying = self.copying[device] = (at, [torch.empty_like(reads[i]) for i in at])
+            at, buffers = copying
+            if at:
+                torch._foreach_copy_(buffers, [reads[i] for i in at])
+                for i, buffer in zip(at, buffers):
+                    reads[i] = buffer
+            out[device] = reads
         return out
 
     def measured(self, sink: Sink, before: dict[Any, torch.Tensor] | None) -> Any:
@@ -380,25 +398,26 @@ class Held:
         sink; answers, per where (by position), its numbers."""
         if not self.params:
             return lambda at: {}
-        placed: dict[int, tuple[Any, int, int]] = {}  # tensor -> handle, column, columns
+        handles = {}
         for device, ks in self.devices.items():
             now = [self._read(k) for k in ks]
             was = None if before is None else before.get(device)
             parts = now if was is None else [*now, *was, *torch._foreach_sub(now, was)]
-            handle = sink.add(list(torch._foreach_norm(parts)))  # one call for them all
-            for column, k in enumerate(ks):
-                placed[k] = (handle, column, len(ks))
+            handles[device] = sink.add(list(torch._foreach_norm(parts)))  # one call for them all
         moved = before is not None
+        got: dict[Any, list[float]] = {}  # each device's numbers, read once
 
         def read(at: int) -> dict[str, Any]:
             mine = self.mine[at]
             if not mine:
                 return {}
+            if not got:
+                got.update((device, sink.get(handle)) for device, handle in handles.items())
             now = old = step = 0.0
             changing = False
             for k in mine:
-                handle, column, columns = placed[k]
-                values, scale = sink.get(handle), self.scale[k]
+                device, column, columns = self.column[k]
+                values, scale = got[device], self.scale[k]
                 now += scale * values[column] ** 2
                 if moved and self.trained[k] and len(values) == 3 * columns:
                     changing = True
