@@ -81,8 +81,13 @@ class Place:
             return
         if audit._before is None:
             audit._snapshot()
+        value = output.value if type(output) is Opaque else output
+        if type(value) is torch.Tensor:  # the usual answer, without the walk
+            tensors = (value,) if value.is_floating_point() and value.numel() else ()
+        else:
+            tensors = _tensors(output, 0)
         first = True
-        for tensor in _tensors(output, 0):
+        for tensor in tensors:
             self.act(tensor, first)
             first = False
             if tensor.requires_grad:
@@ -96,8 +101,11 @@ class Place:
             x = x.float()
         flat = x.reshape(-1)
         mean = flat.mean()
-        parts = [mean, torch.dist(flat, mean)]  # one fused pass, nothing written; squared later
-        parts.append(_dot(flat.sign()))  # how many are not zero (NaN if a NaN is)
+        sign = flat.sign()
+        # The distance is one fused pass, nothing written (squared later); the signs'
+        # sum of squares counts those not zero (NaN if a NaN is). A dot or a dist costs
+        # what a sum does on a CPU, where torch's var_mean costs a hundred times more.
+        parts = [mean, torch.dist(flat, mean), torch.dot(sign, sign)]
         finite = _nonfinite_into(parts, flat, mean)
         saturated = saturation(tensor, flat, self.marked)
         if saturated is not None:
@@ -123,7 +131,7 @@ class Place:
         # its spread, so the cancellation that rules this out for activations does not
         # bite, and it saves two passes.
         total = flat.sum()
-        parts = [total, _dot(flat)]
+        parts = [total, torch.dot(flat, flat)]
         self.grads.append((g.numel(), parts, _nonfinite_into(parts, flat, total)))
         if self.audit._measured % self.audit.snapshot == 0:
             self.kept_grads.append(g.flatten())
@@ -229,12 +237,6 @@ class Sink:
         if at < 0:
             at = len(self.scalars.get(device, ())) - 1 - at
         return self.values[device][at:at + size]
-
-
-def _dot(flat: torch.Tensor) -> torch.Tensor:
-    """The sum of squares of a flat tensor. A ``dot`` (or a ``dist``) costs what a ``sum``
-    does on a CPU, where torch's ``var_mean`` costs a hundred times more."""
-    return torch.dot(flat, flat)
 
 
 def _nonfinite(flat: torch.Tensor) -> torch.Tensor:
