@@ -254,7 +254,7 @@ def _nonfinite_into(parts: list[torch.Tensor], flat: torch.Tensor, total: torch.
     zero without counting (an overflowing sum of finite values is counted, and found
     to be zero). On a GPU the count is two launches, and reading the total would be a
     sync, so it is always counted there."""
-    if flat.device.type == "cpu" and math.isfinite(total.item()):
+    if flat.is_cpu and math.isfinite(total.item()):
         return True
     parts.append(_nonfinite(flat))
     return False
