@@ -36,6 +36,10 @@ _FUNCTIONS = {"SigmoidBackward0": (0.0, 1.0), "TanhBackward0": (-1.0, 1.0),
 _RECURRENT = (torch.nn.GRU, torch.nn.RNN, torch.nn.LSTM, torch.nn.GRUCell, torch.nn.RNNCell,
               torch.nn.LSTMCell)
 _TANH = (-1.0, 1.0)
+# what makes most outputs, none of them bounded: said at once, without the tries below
+_UNBOUNDED = frozenset({"ReluBackward0", "AddmmBackward0", "AddBackward0", "MulBackward0",
+                        "ViewBackward0", "MmBackward0", "GeluBackward0", "SiluBackward0",
+                        "NativeLayerNormBackward0", "ConvolutionBackward0"})
 
 
 def module_is_bounded(module: Any) -> bool:
@@ -130,7 +134,10 @@ def _past(values: torch.Tensor, margin: float) -> torch.Tensor:
 
 
 def _how(tensor: torch.Tensor, marked: dict[int, tuple]) -> tuple | None:
-    for candidate in (tensor, tensor._base):
+    base = tensor._base
+    if base is None and not marked:  # the usual case, said without the loop
+        return _of_function(tensor.grad_fn)
+    for candidate in (tensor, base):
         if candidate is None:
             continue
         how = marked.get(id(candidate))
@@ -145,6 +152,8 @@ def _of_function(function: Any) -> tuple | None:
     if function is None:
         return None
     name = type(function).__name__
+    if name in _UNBOUNDED:
+        return None
     if name in _FUNCTIONS:
         return ("bounds", *_FUNCTIONS[name])
     try:

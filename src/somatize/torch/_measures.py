@@ -81,8 +81,13 @@ class Place:
             return
         if audit._before is None:
             audit._snapshot()
+        value = output.value if type(output) is Opaque else output
+        if type(value) is torch.Tensor:  # the usual answer, without the walk
+            tensors = (value,) if value.is_floating_point() and value.numel() else ()
+        else:
+            tensors = _tensors(output, 0)
         first = True
-        for tensor in _tensors(output, 0):
+        for tensor in tensors:
             self.act(tensor, first)
             first = False
             if tensor.requires_grad:
@@ -96,8 +101,11 @@ class Place:
             x = x.float()
         flat = x.reshape(-1)
         mean = flat.mean()
-        parts = [mean, torch.dist(flat, mean)]  # one fused pass, nothing written; squared later
-        parts.append(_dot(flat.sign()))  # how many are not zero (NaN if a NaN is)
+        sign = flat.sign()
+        # The distance is one fused pass, nothing written (squared later); the signs'
+        # sum of squares counts those not zero (NaN if a NaN is). A dot or a dist costs
+        # what a sum does on a CPU, where torch's var_mean costs a hundred times more.
+        parts = [mean, torch.dist(flat, mean), torch.dot(sign, sign)]
         finite = _nonfinite_into(parts, flat, mean)
         saturated = saturation(tensor, flat, self.marked)
         if saturated is not None:
@@ -123,7 +131,7 @@ class Place:
         # its spread, so the cancellation that rules this out for activations does not
         # bite, and it saves two passes.
         total = flat.sum()
-        parts = [total, _dot(flat)]
+        parts = [total, torch.dot(flat, flat)]
         self.grads.append((g.numel(), parts, _nonfinite_into(parts, flat, total)))
         if self.audit._measured % self.audit.snapshot == 0:
             self.kept_grads.append(g.flatten())
@@ -231,12 +239,6 @@ class Sink:
         return self.values[device][at:at + size]
 
 
-def _dot(flat: torch.Tensor) -> torch.Tensor:
-    """The sum of squares of a flat tensor. A ``dot`` (or a ``dist``) costs what a ``sum``
-    does on a CPU, where torch's ``var_mean`` costs a hundred times more."""
-    return torch.dot(flat, flat)
-
-
 def _nonfinite(flat: torch.Tensor) -> torch.Tensor:
     """How many values are NaN or infinite: those are the ones a zero times them is
     not zero. Read as a float sum, which is far cheaper than a boolean one."""
@@ -252,7 +254,7 @@ def _nonfinite_into(parts: list[torch.Tensor], flat: torch.Tensor, total: torch.
     zero without counting (an overflowing sum of finite values is counted, and found
     to be zero). On a GPU the count is two launches, and reading the total would be a
     sync, so it is always counted there."""
-    if flat.device.type == "cpu" and math.isfinite(total.item()):
+    if flat.is_cpu and math.isfinite(total.item()):
         return True
     parts.append(_nonfinite(flat))
     return False
@@ -339,6 +341,14 @@ class Held:
         self.devices: dict[Any, list[int]] = {}  # the tensors on each device
         for k, p in enumerate(params):
             self.devices.setdefault(p.device, []).append(k)
+        # where each tensor's norms are among its device's: (device, column, columns)
+        self.column = [None] * len(params)
+        for device, ks in self.devices.items():
+            for column, k in enumerate(ks):
+                self.column[k] = (device, column, len(ks))
+        # per device, which of its reads are views (not copies) and the buffers they
+        # are copied into at the start of a step: made once, again when a view is
+        self.copying: dict[Any, tuple[list[int], list[torch.Tensor]]] = {}
 
     def _index(self, p: torch.Tensor) -> torch.Tensor | None:
         """Which runs of ``_RUN`` entries stand for ``p`` (None: all of it)."""
@@ -360,6 +370,7 @@ class Held:
                 index = self.index[k] = index.to(p.device)
                 flat = flat[:flat.shape[0] - flat.shape[0] % _RUN].view(-1, _RUN)
             view = self.views[k] = flat
+            self.copying.clear()
         index = self.index[k]
         return view if index is None else view.index_select(0, index)  # norms need no flat copy
 
@@ -372,7 +383,16 @@ class Held:
             reads = [self._read(k) for k in ks]
             if any(read.device != device for read in reads):
                 return {}
-            out[device] = list(torch._foreach_mul(reads, 1.0))
+            copying = self.copying.get(device)
+            if copying is None:  # a sampled read is a copy already; a view is not
+                at = [i for i, k in enumerate(ks) if self.index[k] is None]
+                copying = self.copying[device] = (at, [torch.empty_like(reads[i]) for i in at])
+            at, buffers = copying
+            if at:
+                torch._foreach_copy_(buffers, [reads[i] for i in at])
+                for i, buffer in zip(at, buffers):
+                    reads[i] = buffer
+            out[device] = reads
         return out
 
     def measured(self, sink: Sink, before: dict[Any, torch.Tensor] | None) -> Any:
@@ -380,25 +400,26 @@ class Held:
         sink; answers, per where (by position), its numbers."""
         if not self.params:
             return lambda at: {}
-        placed: dict[int, tuple[Any, int, int]] = {}  # tensor -> handle, column, columns
+        handles = {}
         for device, ks in self.devices.items():
             now = [self._read(k) for k in ks]
             was = None if before is None else before.get(device)
             parts = now if was is None else [*now, *was, *torch._foreach_sub(now, was)]
-            handle = sink.add(list(torch._foreach_norm(parts)))  # one call for them all
-            for column, k in enumerate(ks):
-                placed[k] = (handle, column, len(ks))
+            handles[device] = sink.add(list(torch._foreach_norm(parts)))  # one call for them all
         moved = before is not None
+        got: dict[Any, list[float]] = {}  # each device's numbers, read once
 
         def read(at: int) -> dict[str, Any]:
             mine = self.mine[at]
             if not mine:
                 return {}
+            if not got:
+                got.update((device, sink.get(handle)) for device, handle in handles.items())
             now = old = step = 0.0
             changing = False
             for k in mine:
-                handle, column, columns = placed[k]
-                values, scale = sink.get(handle), self.scale[k]
+                device, column, columns = self.column[k]
+                values, scale = got[device], self.scale[k]
                 now += scale * values[column] ** 2
                 if moved and self.trained[k] and len(values) == 3 * columns:
                     changing = True
@@ -416,6 +437,10 @@ class Held:
 def _histogram(pieces: list[torch.Tensor]) -> torch.Tensor:
     """32 counts and 33 edges over the finite values, computed where they are."""
     x = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
+    if x.device.type == "cpu":  # where reading a number back costs no sync
+        low, high = torch.aminmax(x)  # NaN if any is: then some are not finite
+        if math.isfinite(low.item()) and math.isfinite(high.item()):
+            return _histogram_finite(x, low, high)
     finite = torch.isfinite(x)
     low = torch.where(finite, x, torch.inf).min()
     high = torch.where(finite, x, -torch.inf).max()
@@ -424,6 +449,17 @@ def _histogram(pieces: list[torch.Tensor]) -> torch.Tensor:
     width = torch.where(high > low, high - low, torch.ones_like(high))
     at = ((x - low) / width * BINS).nan_to_num(0.0, 0.0, 0.0).floor().clamp(0, BINS - 1).long()
     counts = torch.bincount(at, weights=finite.to(x.dtype), minlength=BINS)
+    edges = low + width * torch.arange(BINS + 1, device=x.device, dtype=x.dtype) / BINS
+    return torch.cat([counts.to(x.dtype), edges])
+
+
+def _histogram_finite(x: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
+    """``_histogram`` of values all finite, from their least and greatest: the same
+    arithmetic without the masks, and with a value's bin truncated rather than floored,
+    which is the same for the values from ``low`` up."""
+    width = torch.where(high > low, high - low, torch.ones_like(high))
+    at = x.sub(low).div_(width).mul_(BINS).clamp_(0, BINS - 1).long()
+    counts = torch.bincount(at, minlength=BINS)
     edges = low + width * torch.arange(BINS + 1, device=x.device, dtype=x.dtype) / BINS
     return torch.cat([counts.to(x.dtype), edges])
 
