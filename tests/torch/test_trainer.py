@@ -21,13 +21,8 @@ def sgd(g, lr=0.05):
     return torch.optim.SGD(parameters(g), lr=lr)
 
 
-def test_step_is_the_hand_written_loop_bit_for_bit():
-    g, body, head = graph(seed=0)
-    _, hand_body, hand_head = graph(seed=0)
-    trainer = Trainer(g, objective=F.mse_loss,
-                      optimizer=torch.optim.Adam(parameters(g), lr=1e-2))
-    by_hand = torch.optim.Adam([*hand_body.parameters(), *hand_head.parameters()], lr=1e-2)
-    data = batches(10)
+def side_by_side(trainer, by_hand, hand_body, hand_head, data):
+    """The Trainer's losses and a hand-written loop's over the same batches."""
     ours, theirs = [], []
     for x, y in data:
         ours.append(trainer.step((x, y)))
@@ -36,6 +31,16 @@ def test_step_is_the_hand_written_loop_bit_for_bit():
         loss.backward()
         by_hand.step()
         theirs.append(loss.item())
+    return ours, theirs
+
+
+def test_step_is_the_hand_written_loop_bit_for_bit():
+    g, body, head = graph(seed=0)
+    _, hand_body, hand_head = graph(seed=0)
+    trainer = Trainer(g, objective=F.mse_loss,
+                      optimizer=torch.optim.Adam(parameters(g), lr=1e-2))
+    by_hand = torch.optim.Adam([*hand_body.parameters(), *hand_head.parameters()], lr=1e-2)
+    ours, theirs = side_by_side(trainer, by_hand, hand_body, hand_head, batches(10))
     assert ours == theirs
     assert len(set(ours)) == 10  # it trained: ten different losses
     for mine, hand in zip(weights(body.net, head.out), weights(hand_body.net, hand_head.out)):
@@ -314,15 +319,8 @@ def test_on_a_gpu_a_step_is_the_hand_written_loop_there():
         module.cuda()
     trainer = Trainer(g, objective=F.mse_loss, optimizer=torch.optim.Adam(parameters(g), lr=1e-2))
     by_hand = torch.optim.Adam([*hand_body.parameters(), *hand_head.parameters()], lr=1e-2)
-    ours, theirs = [], []
-    for x, y in batches(10):
-        x, y = x.cuda(), y.cuda()
-        ours.append(trainer.step((x, y)))
-        by_hand.zero_grad()
-        loss = F.mse_loss(hand_head.out(hand_body.net(x)), y)
-        loss.backward()
-        by_hand.step()
-        theirs.append(loss.item())
+    data = [(x.cuda(), y.cuda()) for x, y in batches(10)]
+    ours, theirs = side_by_side(trainer, by_hand, hand_body, hand_head, data)
     assert ours == theirs and len(set(ours)) == 10  # the same kernels, in the same order
     for mine, hand in zip(weights(body.net, head.out), weights(hand_body.net, hand_head.out)):
         assert mine.is_cuda and torch.equal(mine, hand)
