@@ -2,6 +2,7 @@
 connects to it by address and runs a slice there."""
 
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -42,8 +43,11 @@ def free_port() -> int:
 def test_a_client_reaches_a_cluster_started_with_ray_start_by_its_address():
     port = free_port()
     temp = tempfile.mkdtemp(prefix="rh", dir="/tmp")  # short: Ray's sockets live in it
-    # Both ends by token, as Ray sets a cluster up by default (its client would not ask).
-    env = {**os.environ, **cluster_env(), "RAY_AUTH_MODE": "token"}
+    # Both ends by token, as a cluster on a shared network should be: the token handed
+    # to both ends as Ray reads it (newer Rays refuse token mode without one and no
+    # longer write one for ``ray start``; older ones ignore both variables).
+    env = {**os.environ, **cluster_env(), "RAY_AUTH_MODE": "token",
+           "RAY_AUTH_TOKEN": secrets.token_hex(32)}
     # --block keeps the head in the foreground, so ending this one process ends the
     # cluster it started, and nobody else's (``ray stop`` would end every one here).
     head = subprocess.Popen(
