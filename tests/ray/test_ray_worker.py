@@ -134,6 +134,26 @@ def test_the_far_half_on_an_actor_trains_bit_for_bit(shared):
     assert far.keys() == mine.keys() and all(torch.equal(far[k], mine[k]) for k in far)
 
 
+def pipelined_run(worker, pipeline, micro=4, every=2):
+    cut = net("gpu")
+    trains = {"body": Split(torch.optim.SGD, lr=0.1)}
+    t = Trainer(cut, objective=mse, trains=trains, micro=micro, every=every, pipeline=pipeline,
+                broker=Broker.embedded({"gpu": worker}),
+                optimizer=torch.optim.SGD(parameters(cut, without=trains), lr=0.1))
+    assert t._pipelines(micro) is pipeline  # on Ray too: an actor keeps its caller's order
+    losses = [t.step(b) for b in batches()]
+    t.update()
+    here = [p.detach().clone() for n in ("encoder", "head") for p in cut.implementation(n).parameters()]
+    return losses, here, t.export()["body"]
+
+
+def test_a_pipelined_step_on_an_actor_is_the_unpipelined_one_bit_for_bit(shared):
+    (la, ha, fa), (lb, hb, fb) = pipelined_run(shared, True), pipelined_run(shared, False)
+    assert la == lb
+    assert all(torch.equal(a, b) for a, b in zip(ha, hb))
+    assert fa.keys() == fb.keys() and all(torch.equal(fa[k], fb[k]) for k in fa)
+
+
 def test_an_actor_restarted_mid_step_is_out_of_step_not_a_wrong_answer(cluster, on_ray):
     gpu = on_ray(max_restarts=1)
     _, t = split_trainer(gpu)

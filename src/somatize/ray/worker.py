@@ -150,6 +150,9 @@ def _options(num_cpus: Any, num_gpus: Any, resources: Any, runtime_env: Any,
         raise DeclarationError(f"max_restarts is a whole number (-1: without end), "
                                f"not {max_restarts!r}")
     options["max_restarts"] = max_restarts
+    # Ray's default, said outright: a retried call may run out of the order it was made
+    # in, and a pipelined step counts on that order (a lost call is a WireError instead).
+    options["max_task_retries"] = 0
     return options
 
 
@@ -171,6 +174,38 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0].rstrip(".") if text else type(exc).__name__
 
 
+class _Sent:
+    """A slice handed to the actor and not read back yet: ``result()`` reads it (Ray
+    runs one caller's calls to an actor in the order they were made, so a pipeline may
+    send its next piece before this one's answer is read)."""
+
+    __slots__ = ("began", "bytes", "error", "header", "host", "link", "nodes", "outcome",
+                 "pieces", "ref", "settled", "took_sent", "watching")
+
+    def __init__(self, link: RayLink, host: str, nodes: list[str], watching: bool,
+                 header: dict[str, Any], buffers: list[Any]):
+        self.link, self.host, self.nodes, self.watching = link, host, nodes, watching
+        self.header, self.bytes = header, size(buffers)
+        self.began = time.perf_counter_ns()
+        # what the call carries: a large buffer put in the store first, the rest inline
+        self.pieces = [ray.put(b) if size([b]) >= _PUT else b for b in outgoing(buffers)]
+        self.took_sent = (time.perf_counter_ns() - self.began) // 1000
+        self.ref: Any = None
+        self.settled = False
+        self.outcome: Outcome | None = None
+        self.error: BaseException | None = None
+
+    def done(self) -> bool:
+        return self.settled
+
+    def result(self) -> Outcome:
+        if not self.settled:
+            self.link.settle(self)
+        if self.error is not None:
+            raise self.error
+        return self.outcome
+
+
 class RayLink(Link):
     """The socket link's reading of replies, over Ray actor calls instead of frames."""
 
@@ -180,38 +215,73 @@ class RayLink(Link):
         self._flying: set[Any] = set()
         self._flying_lock = threading.Lock()
 
+    def sends_ahead(self) -> bool:
+        """Yes: an actor runs one caller's calls in the order they were made."""
+        return True
+
     def run(self, host: str, nodes: list[str], tree: Any, buffers: list[Any], refs: list[str],
             wanted: list[str], watching: bool, forward: str | None,
             transposed: bool = False) -> Outcome:
         """Runs one slice on the actor and answers with what came back."""
+        return self.submit(host, nodes, tree, buffers, refs, wanted, watching, forward,
+                           transposed).result()
+
+    def submit(self, host: str, nodes: list[str], tree: Any, buffers: list[Any],
+               refs: list[str], wanted: list[str], watching: bool, forward: str | None,
+               transposed: bool = False) -> _Sent:
+        """Hands one slice to the actor now; its ``result()`` reads the answer."""
         header = slice_header(nodes, tree, refs, wanted, watching, forward, transposed)
+        sent = _Sent(self, host, nodes, watching, header, buffers)
+        try:
+            self._send(sent)
+        except _Restarting as exc:  # met the actor while Ray restarted it: read it again
+            sent.ref = exc
+        except BaseException as exc:
+            sent.error, sent.settled = exc, True
+        return sent
+
+    def _send(self, sent: _Sent) -> None:
+        """The call itself, after the catalog where the actor lacks it (under the lock,
+        so that calls leave in the order their slices were handed over)."""
         with self.lock:
-            actor = self.worker.actor(host)
-            began = time.perf_counter_ns()
-            pieces = [ray.put(b) if size([b]) >= _PUT else b for b in outgoing(buffers)]
-            took_sent = (time.perf_counter_ns() - began) // 1000
+            actor = self.worker.actor(sent.host)
+            self._provide(sent.host, actor)
+            sent.ref = actor.slice.remote(self.declared, sent.header, *sent.pieces)
+            with self._flying_lock:
+                self._flying.add(sent.ref)
+
+    def settle(self, sent: _Sent) -> None:
+        """Reads a sent slice's answer. A fresh actor (Ray restarted it) answers "need"
+        before running anything, so sending such a slice once more is safe."""
+        host, nodes = sent.host, sent.nodes
+        doing = f"while running slice {nodes}"
+        try:
             for attempt in (0, 1):
                 try:
-                    self._provide(host, actor)
-                    kind, head, back = self._call(
-                        host, actor.slice.remote(self.declared, header, *pieces),
-                        f"while running slice {nodes}")
+                    if isinstance(sent.ref, _Restarting):
+                        raise sent.ref
+                    kind, head, back = self._call(host, sent.ref, doing)
                 except _Restarting as exc:
-                    # Sent while Ray restarted it: a fresh actor answers a slice with
-                    # "need" before running anything, so sending it again is safe.
                     if attempt == 1:
                         raise exc.error from None
-                    self._back(host, actor, exc.error)
+                    self._back(host, self.worker.actor(host), exc.error)
+                    self._send(sent)
                     continue
                 if kind == "need":  # Ray restarted it: a fresh actor holds no catalog
                     self.declared = None
                     if attempt == 0:
+                        self._send(sent)
                         continue
                     raise WireError(f"host {host!r}: its Ray actor keeps losing its catalog",
                                     host=host)
-                reply = _Reply(kind, head, back, (time.perf_counter_ns() - began) // 1000)
-                return self._outcome(host, nodes, reply, size(buffers), took_sent, watching)
-        raise AssertionError("unreachable")
+                reply = _Reply(kind, head, back, (time.perf_counter_ns() - sent.began) // 1000)
+                sent.outcome = self._outcome(host, nodes, reply, sent.bytes, sent.took_sent,
+                                             sent.watching)
+                return
+        except BaseException as exc:
+            sent.error = exc
+        finally:
+            sent.settled, sent.pieces = True, []
 
     def _provide(self, host: str, actor: Any) -> None:
         """Hands the actor the staged catalog, unless it holds it already."""

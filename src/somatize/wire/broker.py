@@ -35,8 +35,9 @@ class Broker(Backend):
 
     @property
     def ordered(self) -> bool:  # type: ignore[override]
-        """Whether every host runs its slices in the order they were sent: over sockets
-        yes; a host whose link only runs (Ray's) is reached on a thread, in no order."""
+        """Whether every host runs its slices in the order they were sent: yes over a
+        socket (a connection is answered in turn) and over Ray (an actor runs one
+        caller's calls in the order they were made)."""
         return all(worker._link.sends_ahead() for worker in self._wires.values())
 
     def __init__(self, listing: dict[str, Worker]):

@@ -120,8 +120,8 @@ class Link:
         self.staged = staged
 
     def sends_ahead(self) -> bool:
-        """Whether ``submit`` may send now and read later: on this socket link, yes; a
-        link that runs slices its own way (over Ray's actor calls) is only ``run``."""
+        """Whether ``submit`` may send now and read later, keeping the order slices were
+        sent in: on this socket link, yes; a link that only overrides ``run`` is not."""
         return type(self).run is Link.run
 
     # -- a slice --------------------------------------------------------------------
