@@ -158,3 +158,13 @@ def test_changes_after_a_forward_are_seen():
     extra = g.node("extra", Add(1000))
     g.edge("sum", extra)
     assert g.forward(0) == 1112
+
+
+@pytest.mark.parametrize("bad", ["body\x1fin", "body\nin", "\t"])
+def test_an_id_with_a_control_character_is_refused(bad):
+    """Control characters are what the library's own ids (``generated``) are made with,
+    so a user's id that holds one could be mistaken for one of them."""
+    with pytest.raises(DeclarationError, match="without control characters"):
+        Graph.somatize(Add(1).named(bad))
+    with pytest.raises(DeclarationError, match="without control characters"):
+        Graph().node(bad, Add(1))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from . import _plan
@@ -37,8 +37,8 @@ from ._optional import optional
 if TYPE_CHECKING:
     from ._plan import Plan
 
-__all__ = ["Graph", "GraphData", "assembled", "describe", "generated", "hand_down", "identity",
-           "undescribed", "validate_device", "validate_host"]
+__all__ = ["DECLARATIONS", "Graph", "GraphData", "assembled", "describe", "generated",
+           "hand_down", "identity", "undescribed", "validate_device", "validate_host"]
 
 validate_device = valid_device
 validate_host = valid_host
@@ -118,6 +118,15 @@ class GraphData:
         self.__dict__.update(state)
 
 
+# The fields of ``GraphData`` that say something about single nodes, as opposed to the
+# shape (ids, impls, edges) and what is derived from it (memo). Read off the class, so
+# whatever copies declarations field by field (``assembled``) sees one added later too.
+DECLARATIONS = tuple(f.name for f in fields(GraphData)
+                     if f.name not in ("ids", "impls", "edges", "memo"))
+# The declarations that are sets of ids rather than a value per id.
+_SETS = frozenset(f.name for f in fields(GraphData) if isinstance(f.default, frozenset))
+
+
 def _neighbours(ids: tuple[str, ...], edges: tuple[tuple[str, str], ...],
                 side: int) -> dict[str, tuple[str, ...]]:
     """Each node's neighbours along ``edges``: its sources (``side`` 0, the
@@ -145,27 +154,20 @@ def _topological(ids: tuple[str, ...], preds: Mapping[str, tuple[str, ...]],
 def assembled(ids: Iterable[str], impls: Mapping[str, Any], edges: Iterable[tuple[str, str]],
               **declarations: Any) -> GraphData:
     """A ``GraphData`` from its parts; each declaration keeps only nodes it knows, in id
-    order, so a part taken from another graph cannot smuggle a stranger in."""
+    order, so a part taken from another graph cannot smuggle a stranger in. A name that
+    is no declaration of ``GraphData`` (``DECLARATIONS``) is a TypeError, not dropped."""
     ids = tuple(ids)
     known = set(ids)
-
-    def ordered(table: Any) -> dict[str, Any]:
-        return {n: table[n] for n in ids if n in table}
-
+    strangers = set(declarations) - set(DECLARATIONS)
+    if strangers:
+        raise TypeError(f"assembled() got {sorted(strangers)}, which GraphData does not declare")
     for a, b in edges:
         if a not in known or b not in known:
             raise DeclarationError(f"an edge {a!r} -> {b!r} between nodes this graph lacks")
-    return GraphData(
-        ids=ids, impls={n: impls[n] for n in ids}, edges=tuple((a, b) for a, b in edges),
-        devices=ordered(declarations.get("devices", {})),
-        hosts=ordered(declarations.get("hosts", {})),
-        cached=ordered(declarations.get("cached", {})),
-        frozen=ordered(declarations.get("frozen", {})),
-        mapped=frozenset(declarations.get("mapped", ())) & known,
-        declarations=ordered(declarations.get("declarations", {})),
-        unwritable=ordered(declarations.get("unwritable", {})),
-        fingerprints=ordered(declarations.get("fingerprints", {})),
-    )
+    tables = {name: frozenset(declarations.get(name, ())) & known if name in _SETS
+              else _ordered(ids, declarations.get(name, {})) for name in DECLARATIONS}
+    return GraphData(ids=ids, impls={n: impls[n] for n in ids},
+                     edges=tuple((a, b) for a, b in edges), **tables)
 
 
 def describe(data: GraphData) -> dict[str, Any]:

@@ -1,11 +1,16 @@
 """Split training, here: bit for bit against the same net trained in one piece."""
 
+import threading
+from dataclasses import fields, replace
+
 import pytest
 import torch
 from splitnets import Lin  # the node the split tests share
 
 from somatize import CacheError, DeclarationError, Graph, Node, Opaque
+from somatize._graph import DECLARATIONS, GraphData
 from somatize.torch import Learning, NoGradient, Split, Trainer, parameters
+from somatize.torch._staged import rewired
 
 mse = torch.nn.functional.mse_loss
 
@@ -131,6 +136,21 @@ def test_above_a_trainer_that_hands_nothing_back_gets_no_gradient():
         t.step(batches(1)[0])
 
 
+def test_a_users_id_that_reads_like_a_position_stays_the_users():
+    """The trainer's positions beside ``body`` are made ids, not ``body:in`` and
+    ``body:computes``: nodes the user called so train beside it as any others would."""
+    def beside(seed=0):
+        torch.manual_seed(seed)
+        return Graph.somatize(Lin(8, 8).named("body:in") >> Lin(8, 6).named("body")
+                              >> Lin(6, 1, relu=False).named("body:computes"))
+
+    one, cut = beside(), beside()
+    a, b = whole(one), split(cut)
+    assert [a.step(x) for x in batches()] == [b.step(x) for x in batches()]
+    assert all(torch.equal(x, y) for x, y in zip(weights(one), weights(cut)))
+    assert cut.nodes() == ["body:in", "body", "body:computes"]
+
+
 # -- refusals when the Trainer is built ----------------------------------------------------
 def test_the_same_weights_in_two_optimizers_are_refused():
     g = net()
@@ -224,3 +244,46 @@ def test_load_of_an_export_continues_bit_for_bit_with_a_trainer_here():
     first = [t.step(x) for x in data[4:]]
     t.load(taken)
     assert [t.step(x) for x in data[4:]] == first
+
+
+class Locked(Node):
+    """Built with something that cannot be written down, so it cannot be kept honestly."""
+
+    def __init__(self, lock):
+        self.lock = lock
+
+    def forward(self, x, ctx):
+        return Opaque(x * 2)
+
+
+def test_a_cached_node_that_cannot_be_written_down_is_refused_under_split_training(tmp_path):
+    torch.manual_seed(0)
+    g = Graph.somatize(Locked(threading.Lock()).named("a").cached() >> Lin(8, 6).named("body")
+                       >> Lin(6, 1, relu=False).named("head"))
+    t = split(g, store=tmp_path)
+    with pytest.raises(CacheError, match="'a' is .cached\\(\\) but it was built with a lock"):
+        t.step(batches(1)[0])
+
+
+def test_every_declaration_of_a_graph_survives_rewiring():
+    """Whatever ``GraphData`` declares, read off its fields so that one added later is
+    held to this too, is carried to the rewired copy: on an untrained node as it was,
+    and on a trained one at least under the user's id."""
+    torch.manual_seed(0)
+    data = Graph.somatize(Lin(8, 6).named("body") >> Lin(6, 1).named("head")).data()
+    said = {}
+    for field in fields(GraphData):
+        if field.name in DECLARATIONS:
+            members = {"body", "head"}
+            said[field.name] = (frozenset(members) if isinstance(field.default, frozenset)
+                                else {n: f"{field.name} of {n}" for n in members})
+    data = replace(data, **said)
+    private, _ = rewired(data, {"body": Split(torch.optim.SGD)})
+    assert set(DECLARATIONS) == {f.name for f in fields(GraphData)} - {"ids", "impls", "edges",
+                                                                          "memo"}
+    for name, table in said.items():
+        carried = getattr(private, name)
+        for n in ("body", "head"):
+            assert n in carried, f"rewired drops {name!r} of {n!r}"
+            if isinstance(table, dict):
+                assert carried[n] == table[n]

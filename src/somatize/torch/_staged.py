@@ -29,7 +29,7 @@ import torch
 
 from .._engine import execute
 from .._errors import CacheError, DeclarationError, NodeError
-from .._graph import Graph, GraphData, assembled, generated
+from .._graph import DECLARATIONS, Graph, GraphData, assembled, generated
 from .._node import Opaque
 from .._plan import stages
 from .._slices import backend_of, finish
@@ -52,52 +52,55 @@ class Positions:
         self.all = (self.enters, self.computes, node)
 
 
-def rewired(data: GraphData, trains: Mapping[str, Learning]) -> tuple[GraphData, dict[str, tuple[str, str]]]:
+def rewired(data: GraphData,
+            trains: Mapping[str, Learning]) -> tuple[GraphData, dict[str, tuple[str, str]]]:
     """``data`` with each trained node between its trainer's two positions, and where
     each made id comes from: ``{made id: (user's node, role)}``.
 
     Pure: the user's graph is read, never touched. The made ids are ``generated``, so
-    they cannot be any id of the user's.
+    they cannot be any id of the user's. Every declaration of ``GraphData`` is carried,
+    one added later included; ``_carried_to`` says which positions of a trained node
+    each one lands on.
     """
     ids: list[str] = []
     impls: dict[str, Any] = {}
     origin: dict[str, tuple[str, str]] = {}
-    of = {key: {} for key in ("devices", "hosts", "fingerprints", "cached", "frozen",
-                               "declarations")}
-    mapped: set[str] = set()
-
-    def copy(source: str, node_id: str, impl: Any, declared: bool) -> None:
-        ids.append(node_id)
-        impls[node_id] = impl
-        for key in ("devices", "hosts", "fingerprints"):  # where it runs, for all three
-            table = getattr(data, key)
-            if source in table:
-                of[key][node_id] = table[source]
-        if declared:  # what it is said to be, only where the user's object stands
-            for key in ("cached", "frozen"):
-                if source in getattr(data, key):
-                    of[key][node_id] = getattr(data, key)[source]
-            if source in data.mapped:
-                mapped.add(node_id)
-        if node_id == source and source in data.declarations:
-            of["declarations"][node_id] = data.declarations[source]
-
+    tables: dict[str, dict[str, Any]] = {name: {} for name in DECLARATIONS}
     edges: list[tuple[str, str]] = []
     for n in data.ids:
         impl = data.impls[n]
-        if n in trains:
-            at = Positions(n)
+        at = Positions(n) if n in trains else None
+        if at is not None:
             enters, learning = trains[n].of(impl).beside()
-            copy(n, at.enters, enters, False)
-            copy(n, at.computes, impl, True)
-            copy(n, n, learning, True)
+            ids += at.all
+            impls.update({at.enters: enters, at.computes: impl, n: learning})
             origin[at.enters], origin[at.computes] = (n, IN), (n, COMPUTES)
             edges += [(at.enters, at.computes), (at.computes, n)]
         else:
-            copy(n, n, impl, True)
+            ids.append(n)
+            impls[n] = impl
+        for name in DECLARATIONS:
+            table = getattr(data, name)
+            if n in table:  # a set's members are carried as keys, which ``assembled`` reads
+                value = table[n] if isinstance(table, Mapping) else None
+                for target in (n,) if at is None else _carried_to(name, at):
+                    tables[name][target] = value
     for a, b in data.edges:
         edges.append((a, Positions(b).enters if b in trains else b))
-    return assembled(ids, impls, edges, mapped=mapped, **of), origin
+    return assembled(ids, impls, edges, **tables), origin
+
+
+def _carried_to(declaration: str, at: Positions) -> tuple[str, ...]:
+    """The positions of a trained node that one of its declarations holds for. Where it
+    runs holds for all three; its own declaration (``declared_as``) stays with its id;
+    anything else it is said to be (cached, frozen, mapped, unwritable, and whatever is
+    declared later) stands where the user's object and its trainer stand, not where the
+    trainer's entering position does."""
+    if declaration in ("devices", "hosts", "fingerprints"):
+        return at.all
+    if declaration == "declarations":
+        return (at.node,)
+    return (at.computes, at.node)
 
 
 class Stage:
