@@ -98,10 +98,7 @@ class GraphData:
 
     def known(self, node_id: Any) -> str:
         """The id, if this graph has that node; else a DeclarationError listing some."""
-        if node_id not in self.impls:
-            known = ", ".join(repr(n) for n in self.ids[:20]) or "none"
-            raise DeclarationError(f"this graph has no node {node_id!r}; its nodes are {known}")
-        return node_id
+        return _known(self.impls, node_id)
 
     def _derived(self, name: str, compute: Callable[[], Any]) -> Any:
         value = self.memo.get(name)
@@ -354,8 +351,8 @@ class Graph:
 
     def edge(self, source: str, target: str) -> None:
         """Connects two nodes that exist; refuses an edge that would close a cycle."""
-        self._known(source)
-        self._known(target)
+        _known(self._impl, source)
+        _known(self._impl, target)
         if target in self._succs[source]:
             raise DeclarationError(f"{source!r} already feeds {target!r}; an edge is said once")
         path = self._path(target, source)
@@ -394,12 +391,6 @@ class Graph:
                 frontier.append(s)
         return None
 
-    def _known(self, node_id: str) -> str:
-        if node_id not in self._impl:
-            known = ", ".join(repr(n) for n in list(self._impl)[:20]) or "none"
-            raise DeclarationError(f"this graph has no node {node_id!r}; its nodes are {known}")
-        return node_id
-
     def changed(self) -> None:
         """Says that running a node now means something else (a hook was put on its
         ``forward``): what was taken from this graph is taken again before the next walk."""
@@ -416,11 +407,11 @@ class Graph:
 
     def predecessors(self, node_id: str) -> list[str]:
         """The nodes feeding into ``node_id``, in edge order."""
-        return list(self._preds[self._known(node_id)])
+        return list(self._preds[_known(self._impl, node_id)])
 
     def successors(self, node_id: str) -> list[str]:
         """The nodes ``node_id`` feeds into, in edge order."""
-        return list(self._succs[self._known(node_id)])
+        return list(self._succs[_known(self._impl, node_id)])
 
     def roots(self) -> list[str]:
         """The nodes with no predecessor: where the input enters."""
@@ -437,7 +428,7 @@ class Graph:
     # -- declarations -------------------------------------------------------------
     def place(self, node_id: str, device: str) -> None:
         """Places a node on a device (``"cuda:0"``); the primitive behind ``.on``."""
-        self._devices[self._known(node_id)] = valid_device(device, node_id)
+        self._devices[_known(self._impl, node_id)] = valid_device(device, node_id)
         self.changed()
 
     def devices(self) -> dict[str, str]:
@@ -446,7 +437,7 @@ class Graph:
 
     def place_at(self, node_id: str, host: str) -> None:
         """Sends a node to a host, by name; what the name means the broker says."""
-        self._hosts[self._known(node_id)] = valid_host(host, node_id)
+        self._hosts[_known(self._impl, node_id)] = valid_host(host, node_id)
         self.changed()
 
     def hosts(self) -> dict[str, str]:
@@ -457,7 +448,7 @@ class Graph:
         """Keeps this node's output, with a salt for what the key cannot tell apart."""
         if salt is not None and not isinstance(salt, str):
             raise DeclarationError(f"node {node_id!r}: a salt is a str or None, not {salt!r}")
-        self._cached[self._known(node_id)] = salt
+        self._cached[_known(self._impl, node_id)] = salt
         self.changed()
 
     def cached(self) -> dict[str, str | None]:
@@ -468,7 +459,7 @@ class Graph:
         """Declares this node settled, at the state with this digest if one is known."""
         if state is not None and not isinstance(state, str):
             raise DeclarationError(f"node {node_id!r}: a frozen state is a digest str or None")
-        self._frozen[self._known(node_id)] = state
+        self._frozen[_known(self._impl, node_id)] = state
         self.changed()
 
     def frozen(self) -> dict[str, str | None]:
@@ -477,7 +468,7 @@ class Graph:
 
     def mapped(self, node_id: str) -> None:
         """Says this node maps over the items of its input: a list in, as long a list out."""
-        self._mapped.add(self._known(node_id))
+        self._mapped.add(_known(self._impl, node_id))
         self.changed()
 
     def mapped_nodes(self) -> list[str]:
@@ -487,7 +478,7 @@ class Graph:
     def declared_as(self, node_id: str, declaration: Any) -> None:
         """Notes what this node was built with; a ``sha256:`` digest is kept as it is,
         anything else is digested. Part of the key, beside the identity."""
-        self._known(node_id)
+        _known(self._impl, node_id)
         if isinstance(declaration, str) and declaration.startswith("sha256:"):
             digest = declaration
         else:
@@ -510,7 +501,7 @@ class Graph:
         """Notes the version of the code a node was written against; never in a key."""
         if not isinstance(fingerprint, str):
             raise DeclarationError(f"node {node_id!r}: a fingerprint is a str, not {fingerprint!r}")
-        self._fingerprints[self._known(node_id)] = fingerprint
+        self._fingerprints[_known(self._impl, node_id)] = fingerprint
         self.changed()
 
     def fingerprints(self) -> dict[str, str]:
@@ -594,6 +585,14 @@ def identity(impl: Any) -> str:
     """``module.QualifiedName`` of an object's class."""
     cls = type(impl)
     return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _known(impls: Mapping[str, Any], node_id: Any) -> str:
+    """``node_id``, if ``impls`` holds that node; else a DeclarationError listing some."""
+    if node_id not in impls:
+        some = ", ".join(repr(n) for n in list(impls)[:20]) or "none"
+        raise DeclarationError(f"this graph has no node {node_id!r}; its nodes are {some}")
+    return node_id
 
 
 def _ordered(ids: tuple[str, ...], table: Mapping[str, Any]) -> dict[str, Any]:
