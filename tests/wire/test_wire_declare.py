@@ -159,3 +159,26 @@ def test_a_spawned_worker_keeps_its_everyday_lines_out_of_this_terminal(capfd, t
         assert g.forward("hi", broker={"w1": logged}) == "HI"
     assert "ran in" not in capfd.readouterr().err
     assert "slice ['shout'] ran in" in log.read_text() and "listening on" in log.read_text()
+
+
+def test_on_ray_loads_its_layer_by_name_and_says_what_to_install_without_ray():
+    """The wire never imports ``somatize.ray`` (it sits above it), yet ``on_ray`` works
+    with nothing but the wire imported; without Ray it names the extra to install."""
+    script = textwrap.dedent("""
+        import sys
+        class Block:
+            def find_spec(self, name, path=None, target=None):
+                if name.split('.')[0] == 'ray':
+                    raise ImportError('blocked for this test')
+        sys.meta_path.insert(0, Block())
+        from somatize.wire import Worker
+        assert 'somatize.ray' not in sys.modules
+        try:
+            Worker.on_ray(num_gpus=1)
+        except ImportError as exc:
+            print(exc)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], env=child_env(), capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "Worker.on_ray needs the 'ray' extra: pip install 'somatize[ray]'" in done.stdout

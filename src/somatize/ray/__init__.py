@@ -2,8 +2,12 @@
 
 The actor runs a slice the way ``somatize worker`` does (``somatize.wire.host``); only
 the carrying differs: a slice is one actor call, its tensors and bytes travel as
-objects in Ray's store, and a death is Ray's to see. Importing this module costs
-nothing: Ray itself is imported when the first such worker is declared.
+objects in Ray's store, and a death is Ray's to see.
+
+This layer sits above the wire: as it loads it tells the wire how ``Worker.on_ray`` is
+answered (``place``), and the wire, which never imports it, loads it by name the first
+time ``on_ray`` is asked for. Importing it costs nothing: Ray itself is imported when
+the first such worker is declared.
 """
 
 from __future__ import annotations

@@ -12,6 +12,4 @@ from __future__ import annotations
 from .broker import Broker
 from .declare import Worker
 
-from .. import ray as _ray  # noqa: E402,F401,I001  (fills Worker.on_ray; Ray loads only when asked)
-
 __all__ = ["Broker", "Worker"]

@@ -27,6 +27,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from .._errors import DeclarationError, WireError
+from .._optional import optional
 from .catalog import MODES, pack_nodes
 from .client import Link
 from .protocol import Limits
@@ -105,14 +106,30 @@ def checked_mode(mode: Any, send: Any) -> tuple[str, tuple[str, ...]]:
     return mode, tuple(send)
 
 
-# Places a worker can be besides a socket, each filled in by its own module of this
-# layer (somatize.ray), which this one cannot import: it subclasses Worker.
+# Places a worker can be besides a socket. Each is filled in by a module of a layer
+# above this one (it subclasses Worker), which says so with ``place`` as it loads. The
+# wire imports none of them: asking for a place finds its module by the name written
+# here, the way fsspec finds its implementations, so a user need not import it first.
+_PLACED_BY = {"ray": ("somatize.ray", "ray")}  # place: (its module, the extra it needs)
 _places: dict[str, Any] = {}
 
 
 def place(name: str, make: Any) -> None:
     """Says that ``Worker.on_<name>(...)`` is answered by ``make(mode, send, **options)``."""
     _places[name] = make
+
+
+def _placed(name: str) -> Any:
+    """What answers ``Worker.on_<name>``, loading the module that fills it if need be."""
+    make = _places.get(name)
+    if make is None:
+        module, extra = _PLACED_BY[name]
+        optional(module, extra, f"Worker.on_{name}")
+        make = _places.get(name)
+        if make is None:  # only a broken install has the module but not its place
+            raise DeclarationError(f"Worker.on_{name} needs {module} to say how it places "
+                                   "a worker, which it did not; reinstall somatize")
+    return make
 
 
 class Worker:
@@ -199,11 +216,7 @@ class Worker:
         long the cluster may take to place the actor (by default a minute: a node may
         be starting); Ray restarts an actor that died up to ``max_restarts`` times.
         Needs the ``ray`` extra: ``pip install 'somatize[ray]'``."""
-        make = _places.get("ray")
-        if make is None:  # somatize.ray fills it as the wire loads; only a broken install lacks it
-            raise DeclarationError("Worker.on_ray needs the somatize.ray module, which this "
-                                   "installation of somatize lacks")
-        return make(mode, send, num_cpus=num_cpus, num_gpus=num_gpus, resources=resources,
+        return _placed("ray")(mode, send, num_cpus=num_cpus, num_gpus=num_gpus, resources=resources,
                     runtime_env=runtime_env, max_restarts=max_restarts, timeout=timeout)
 
     def packed(self, nodes: dict[str, Any]) -> tuple[str, str, bytes]:
