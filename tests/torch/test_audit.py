@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from trainnets import batches, graph
 
 from somatize import DeclarationError, Graph, Node, NodeError, Opaque
+from somatize._errors import NotWhole
 from somatize.record import Recorder, facts
 from somatize.store import Store
 from somatize.torch import Trainer, parameters
@@ -514,6 +515,13 @@ def test_what_auditing_is_given_is_checked_before_anything_changes():
 def test_the_audits_numbers_are_whole_numbers_from_one(how):
     with pytest.raises(DeclarationError, match=f"{next(iter(how))}="):
         Audit(**how)
+
+
+def test_an_audit_refuses_a_count_as_a_trainer_does():
+    with pytest.raises(NotWhole, match="Audit: every=0; every is a whole number from 1 up"):
+        Audit(every=0)
+    with pytest.raises(NotWhole, match="Trainer: every=0; every is a whole number from 1 up"):
+        Trainer(graph()[0], objective=F.mse_loss, every=0)
 
 
 def test_groups_are_checked_when_made_and_when_watched():

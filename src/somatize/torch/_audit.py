@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from .._errors import DeclarationError
+from .._errors import DeclarationError, whole_number
 from ._bounded import module_is_bounded
 from ._measures import Held, Place, Sink
 from ._weights import held, modules_of
@@ -63,10 +63,10 @@ class Audit:
     def __init__(self, *, every: int = 1, snapshot: int = 50, channels: bool = False,
                  groups: Mapping[str, Mapping[str, Iterable[int]]] | None = None,
                  window: int = 20, inside: Any = None, most: int = 32):
-        self.every = _whole("every", every)
-        self.snapshot = _whole("snapshot", snapshot)
-        self.window = _whole("window", window)
-        self.most = _whole("most", most)
+        self.every = whole_number(every, "every", of="Audit")
+        self.snapshot = whole_number(snapshot, "snapshot", of="Audit")
+        self.window = whole_number(window, "window", of="Audit")
+        self.most = whole_number(most, "most", of="Audit")
         if not isinstance(channels, bool):
             raise TypeError(f"Audit: channels= is True or False, not {channels!r}")
         self.channels = channels
@@ -405,12 +405,6 @@ def _module_at(node: Any, node_id: str, path: str) -> torch.nn.Module:
             f"inside= names {node_id}.{path}, and node {node_id!r} holds no module at "
             f"{path!r}; architecture(graph) lists the paths it has")
     return held_here
-
-
-def _whole(name: str, value: Any) -> int:
-    if type(value) is not int or value < 1:
-        raise DeclarationError(f"Audit: {name}={value!r}; it is a whole number from 1 up")
-    return value
 
 
 def _groups(groups: Any) -> dict[str, dict[str, list[int]]]:

@@ -11,7 +11,7 @@ import html
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .._errors import DeclarationError
+from .._errors import DeclarationError, whole_number
 from ._layout import PAD, Layout, layout
 
 __all__ = ["figure"]
@@ -95,10 +95,8 @@ def read_inside(graph: Any, inside: Any) -> dict[str, list[tuple[str, Mapping[st
                     and isinstance(pair[0], str) and isinstance(pair[1], Mapping)):
                 raise TypeError(f"inside[{node!r}][{at}] is {pair!r}; each part is a pair "
                                 "(path, what) with what a dict of kind, cls, shapes, params, times")
-            times = pair[1].get("times", 1)
-            if isinstance(times, bool) or not isinstance(times, int) or times < 1:
-                raise ValueError(f"inside[{node!r}][{at}] ({pair[0]!r}) says times={times!r}; "
-                                 "times is how many identical copies the part stands for, 1 or more")
+            whole_number(pair[1].get("times", 1), "times",
+                         of=f"inside[{node!r}][{at}] ({pair[0]!r})")
             pairs.append((pair[0], pair[1]))
         opened[node] = pairs
     return opened

@@ -44,7 +44,7 @@ try:
 except ImportError as exc:  # the core does without; the wire cannot
     raise ImportError("the wire needs msgpack: pip install 'somatize[wire]'") from exc
 
-from .._errors import ProtocolError
+from .._errors import ProtocolError, whole_number
 
 __all__ = [
     "PREFIX",
@@ -98,9 +98,7 @@ class Limits:
 
     def __post_init__(self) -> None:
         for name in ("header", "frame", "buffers"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"Limits.{name} is a positive int, not {value!r}")
+            whole_number(getattr(self, name), name, of="Limits")
         if self.header >= 1 << 32:
             raise ValueError(f"Limits.header must stay under 4 GiB, not {self.header}")
 
