@@ -12,14 +12,14 @@ cost a copy of every weight.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from typing import Any
 
 import torch
 
 from .._errors import DeclarationError
-from .._node import Done, Opaque
+from .._node import Opaque
 from ._bounded import marks_of, saturation
+from ._tensors import tensors_in
 
 __all__ = ["BINS", "Held", "Place", "Sink"]
 
@@ -85,7 +85,8 @@ class Place:
         if type(value) is torch.Tensor:  # the usual answer, without the walk
             tensors = (value,) if value.is_floating_point() and value.numel() else ()
         else:
-            tensors = _tensors(output, 0)
+            tensors = [t for t in tensors_in(output, depth=3)
+                       if t.is_floating_point() and t.numel()]
         first = True
         for tensor in tensors:
             self.act(tensor, first)
@@ -466,17 +467,3 @@ def _histogram_finite(x: torch.Tensor, low: torch.Tensor, high: torch.Tensor) ->
 
 def _hist_read(values: list[float]) -> dict[str, list]:
     return {"counts": [round(c) for c in values[:BINS]], "edges": values[BINS:]}
-
-
-def _tensors(value: Any, depth: int) -> Iterable[torch.Tensor]:
-    if type(value) is Opaque or type(value) is Done:
-        value = value.value
-    if isinstance(value, torch.Tensor):
-        if value.is_floating_point() and value.numel():
-            yield value
-    elif depth < 3 and isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _tensors(item, depth + 1)
-    elif depth < 3 and isinstance(value, dict):
-        for item in value.values():
-            yield from _tensors(item, depth + 1)
