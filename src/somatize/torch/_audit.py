@@ -77,12 +77,19 @@ class Audit:
         self._handles: list[Any] = []
         self._wrapped: list[tuple[Any, _Wrapper, Place]] = []
         self._step = 1  # the number of the step about to happen
-        self._measured = 0  # how many measured steps have been read
-        self._armed = False
         self._steered = False  # a Trainer says when its steps begin
         self._held: Held | None = None  # the weights of what is watched
-        self._before: dict[Any, list[torch.Tensor]] | None = None  # them as this step found them
-        self._keep: list[torch.Tensor] | None = None  # probe holds what was produced
+        # What the hooks on each watched place (``Place``) read on every call, kept as
+        # plain attributes so that reading them costs no call; only the Audit writes them.
+        #: Whether the hooks count now: a measured step is under way.
+        self.armed = False
+        #: How many measured steps have been read; every ``snapshot``-th keeps histograms.
+        self.measured_steps = 0
+        #: The watched weights as this step found them (``take_weights_before``); None before.
+        self.weights_before: dict[Any, list[torch.Tensor]] | None = None
+        #: Where the tensors the watched places produce are kept, for ``probe``; None
+        #: unless ``keep_outputs`` asked for it.
+        self.kept_outputs: list[torch.Tensor] | None = None
         self.probes = 1  # gradients pooled over this many probes are read as one
 
     def __repr__(self) -> str:
@@ -144,7 +151,7 @@ class Audit:
             wrapper.drop(node, where)
         graph = self._graph
         self._handles, self._wrapped, self._wheres = [], [], []
-        self._graph, self._armed, self._before, self._steered = None, False, None, False
+        self._graph, self.armed, self.weights_before, self._steered = None, False, None, False
         self._held = None
         if graph is not None:
             graph.changed()
@@ -193,9 +200,9 @@ class Audit:
         return (self._step - 1) % self.every == 0
 
     def _restart(self, arm: bool) -> None:
-        self._armed = arm and self._measuring() and self._graph is not None
-        if self._before is not None:  # a hook ran since the last restart: forget it
-            self._before = None
+        self.armed = arm and self._measuring() and self._graph is not None
+        if self.weights_before is not None:  # a hook ran since the last restart: forget it
+            self.weights_before = None
             for where in self._wheres:
                 where.clear()
 
@@ -209,7 +216,7 @@ class Audit:
         graph, and from now on the hooks count only between the Trainer's ``begin``
         and ``observed``, so nothing another Trainer runs on the same graph meanwhile
         is mistaken for this one's step."""
-        self._steered, self._armed = True, False
+        self._steered, self.armed = True, False
         self.watch(graph)
 
     def begin(self, graph: Any = None) -> bool:
@@ -223,10 +230,17 @@ class Audit:
         self._restart(True)
         return rehooked
 
-    def _snapshot(self) -> None:
-        """The trainable weights as the step found them, for ``update_ratio``; taken at
-        the first hook, since nothing moves them before the optimizer does."""
-        self._before = self._held.taken()
+    def take_weights_before(self) -> None:
+        """Keeps the trainable weights as the step found them, for ``update_ratio``; a
+        place's hook calls it the first time it counts in a step (``before`` is None),
+        since nothing moves the weights before the optimizer does."""
+        self.weights_before = self._held.taken()
+
+    def keep_outputs(self) -> list[torch.Tensor]:
+        """From now on, every tensor a watched place produces is kept in the list this
+        answers, so that ``probe`` can take its directions back to each of them."""
+        self.kept_outputs = []
+        return self.kept_outputs
 
     def observed(self, graph: Any = None, *, updated: bool = True) -> list[dict[str, Any]]:
         """One ``health`` fact per ``where`` for the step that just ended; [] when it
@@ -245,7 +259,7 @@ class Audit:
         finally:
             self._step += 1
             if measured:
-                self._measured += 1
+                self.measured_steps += 1
             self._restart(not self._steered)
         return facts
 
@@ -253,10 +267,10 @@ class Audit:
         if not any(where.acts or where.grads for where in self._wheres):
             return []  # nothing ran under the hooks: a step that was not one
         sink = Sink()
-        k = self._measured
+        k = self.measured_steps
         hist = k % self.snapshot == 0
         plans = [where.gather(sink, k, hist) for where in self._wheres]
-        weights = self._held.measured(sink, self._before if updated else None)
+        weights = self._held.measured(sink, self.weights_before if updated else None)
         sink.read()
         facts = []
         for at, (where, plan) in enumerate(zip(self._wheres, plans)):

@@ -3,10 +3,13 @@ reductions that turn it into numbers — computed where the tensors are, and rea
 to the CPU once per step through one sink.
 
 Activations are pooled per place as (count, mean, spread, zeros, non-finite, at a
-bound — ``_bounded`` says where an output has bounds) so pieces of a micro batch and a module called twice make one population; a
-gradient's spread is read off E[g²] − E[g]²; weights larger than ``sampled`` entries
-are read off a fixed random sample of runs of neighbours, so ``update_ratio`` does not
-cost a copy of every weight.
+bound — ``_bounded`` says where an output has bounds) so pieces of a micro batch and a
+module called twice make one population; a gradient's spread is read off E[g²] − E[g]²;
+weights larger than ``sampled`` entries are read off a fixed random sample of runs of
+neighbours, so ``update_ratio`` does not cost a copy of every weight.
+
+A place's hooks read their Audit's public face only (``armed``, ``weights_before``,
+``measured_steps``, ``kept_outputs``): plain attributes, so the hot path makes no call.
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ class Place:
     def hook(self, module: Any, args: Any, output: Any) -> None:
         """What a module watched ``inside=`` answered: its own bounds, if it has any,
         are noted before it is measured."""
-        if self.audit._armed:
+        if self.audit.armed:
             self.mark(module, args, output)
         self.produced(output)
 
@@ -67,20 +70,20 @@ class Place:
         """A bounded module inside this place answered: note which of its tensors are
         bounded, so that the place's output is known as bounded if it is one of them."""
         audit = self.audit
-        if not audit._armed:
+        if not audit.armed:
             return
-        if audit._before is None:  # the step has begun: restarting clears what is noted
-            audit._snapshot()
+        if audit.weights_before is None:  # the step has begun: restarting clears what is noted
+            audit.take_weights_before()
         for tensor, how in marks_of(module, args, output):
             self.marked[id(tensor)] = how
             self.held_marked.append(tensor)
 
     def produced(self, output: Any) -> None:
         audit = self.audit
-        if not audit._armed:
+        if not audit.armed:
             return
-        if audit._before is None:
-            audit._snapshot()
+        if audit.weights_before is None:
+            audit.take_weights_before()
         value = output.value if type(output) is Opaque else output
         if type(value) is torch.Tensor:  # the usual answer, without the walk
             tensors = (value,) if value.is_floating_point() and value.numel() else ()
@@ -93,8 +96,8 @@ class Place:
             first = False
             if tensor.requires_grad:
                 tensor.register_hook(self.gradient)
-                if audit._keep is not None:
-                    audit._keep.append(tensor)
+                if audit.kept_outputs is not None:
+                    audit.kept_outputs.append(tensor)
 
     def act(self, tensor: torch.Tensor, first: bool) -> None:
         x = tensor.detach()
@@ -118,11 +121,11 @@ class Place:
                 alive = alive.flatten(1).any(dim=1)
             self.alive = alive if self.alive is None or self.alive.shape != alive.shape \
                 else self.alive | alive
-        if self.audit._measured % self.audit.snapshot == 0:
+        if self.audit.measured_steps % self.audit.snapshot == 0:
             self.kept_acts.append(x.flatten())
 
     def gradient(self, grad: torch.Tensor) -> None:
-        if not self.audit._armed:
+        if not self.audit.armed:
             return
         g = grad.detach() if grad.requires_grad else grad  # (it does under create_graph)
         if g.dtype in _HALF:
@@ -134,7 +137,7 @@ class Place:
         total = flat.sum()
         parts = [total, torch.dot(flat, flat)]
         self.grads.append((g.numel(), parts, _nonfinite_into(parts, flat, total)))
-        if self.audit._measured % self.audit.snapshot == 0:
+        if self.audit.measured_steps % self.audit.snapshot == 0:
             self.kept_grads.append(g.flatten())
 
     def gather(self, sink: Sink, k: int, hist: bool) -> Any:

@@ -50,7 +50,7 @@ def probe(graph: Graph, example: Any, *, depth: int = 0, most: int = 48, probes:
         whole_number(value, name, least=least, of="probe()")
     audit = Audit(every=1, snapshot=1, inside=depth, most=most)
     audit.probes = probes
-    audit._keep = []
+    produced = audit.keep_outputs()
     modules = list({id(m): m for n in graph.nodes() for held in modules_of(graph.implementation(n))
                     for m in held.modules()}.values())
     with _undisturbed(modules):
@@ -59,7 +59,7 @@ def probe(graph: Graph, example: Any, *, depth: int = 0, most: int = 48, probes:
             wrapped = Opaque(example) if isinstance(example, torch.Tensor) else example
             output = execute(graph, wrapped, broker=broker, here=broker is None,
                              watching=watching)
-            _differentiate(output, audit._keep, probes)
+            _differentiate(output, produced, probes)
             facts = audit.observed(graph, updated=False)
         finally:
             audit.release()
