@@ -1,6 +1,6 @@
 """Worker.on_ray side by side with a bare Ray actor and with the socket worker.
 
-Three measurements, each against its anchors in the same run, on one local cluster:
+Four measurements, each against its anchors in the same run, on one local cluster:
 
 1. a tiny remote forward (one small str there and back) through ``Worker.on_ray``
    vs a bare ``ray.get(actor.echo.remote(x))`` (target: at most 1.5x) and vs the
@@ -9,7 +9,8 @@ Three measurements, each against its anchors in the same run, on one local clust
    the socket wire and vs a bare Ray round trip of the same tensor (target: at least
    the bare Ray throughput);
 3. a split training step on the ~10 ms model of ``benchmarks/split.py`` with the
-   body on a Ray actor vs on the socket worker.
+   body on a Ray actor vs on the socket worker;
+4. that step in four pieces, one after another and pipelined, on each.
 
     python benchmarks/ray.py            # add --quick for fewer repetitions
 """
@@ -34,7 +35,7 @@ from somatize.torch import Split, Trainer, parameters  # noqa: E402
 
 sys.path.append(HERE)
 from _bench import cycled, median  # noqa: E402
-from split import model  # noqa: E402  (the ~10 ms model, the same one)
+from split import model, pipeline_numbers  # noqa: E402  (the ~10 ms model, the same one)
 
 QUICK = "--quick" in sys.argv
 TINY = 100 if QUICK else 500
@@ -110,6 +111,8 @@ def main():
             Worker.generic(mode="network", send=["split"]) as socket_worker:
         tiny, big = tiny_and_big(on_ray, socket_worker, bare)
         split = split_step(on_ray, socket_worker)
+        piped = {name: pipeline_numbers(512, 256, worker)
+                 for name, worker in (("ray", on_ray), ("socket", socket_worker))}
     ray.shutdown()
     print(f"1. tiny remote forward (a str there and back), median of {TINY // 4} "
           "(best of 4 interleaved blocks)")
@@ -125,6 +128,10 @@ def main():
     for name, took in split.items():
         print(f"   {name:18}{took * 1e3:10.2f} ms{took / split['one piece']:8.2f}x one piece"
               f"{took / split['socket']:8.2f}x socket")
+    print("4. the same step in micro=4 pieces, one after another and pipelined")
+    for name, (plain, overlapped) in piped.items():
+        print(f"   {name:18}{plain * 1e3:10.2f} ms{overlapped * 1e3:10.2f} ms pipelined"
+              f"{overlapped / plain:8.2f}x")
 
 
 if __name__ == "__main__":

@@ -233,6 +233,7 @@ def main() -> None:
     print(f"{'tiny forward round trip (us)':44}{ours['tiny'] * 1e6:12.1f}{raw_tiny * 1e6:12.1f}"
           f"{ours['tiny'] / raw_tiny:8.2f}x{rpc_tiny * 1e6:11.1f}{ours['tiny'] / rpc_tiny:8.2f}x")
     gbps = lambda seconds: 2 * MB64 / seconds / 1e9
+    print("  target: the tiny round trip <= 3x the raw echo's")
     print(f"{'64 MB float32 there and back (GB/s)':44}{gbps(ours['big']):12.2f}{gbps(raw_big):12.2f}"
           f"{gbps(ours['big']) / gbps(raw_big):8.0%} {gbps(rpc_big):11.2f}"
           f"{gbps(ours['big']) / gbps(rpc_big):8.2f}x")
