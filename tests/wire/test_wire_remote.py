@@ -138,7 +138,7 @@ def test_two_hosts_on_one_worker_get_one_catalog_the_union(standing):
     worker = standing()
     with Worker.at(worker.addr, token=TOKEN) as shared:
         broker = Broker.embedded({"a": shared, "b": shared})
-        assert broker.wire_token("a") == broker.wire_token("b")
+        assert broker.token_for("a") == broker.token_for("b")
         g = Graph.somatize(Add(1).at("a") >> Add(10) >> Add(100).at("b"))
         g.provision(broker)
         assert "connection" not in worker.log()  # staged: nothing sent yet
@@ -152,13 +152,13 @@ def test_hosts_at_one_address_share_a_wire_and_others_do_not(standing):
     one, two = Worker.at(worker.addr, token=TOKEN), Worker.at(worker.addr, token=TOKEN)
     broker = Broker.embedded({"a": one, "b": two, "c": Worker.generic()})
     try:
-        assert broker.wire_token("a") == broker.wire_token("b") != broker.wire_token("c")
+        assert broker.token_for("a") == broker.token_for("b") != broker.token_for("c")
         assert broker.token_for("nobody") is None
-        assert broker.packing_for("b") is two
+        assert broker.worker_for("b") is two
         with pytest.raises(WireError, match="'nobody'"):
-            broker.wire_token("nobody")
+            broker.worker_for("nobody")
     finally:
-        for w in (one, two, broker.packing_for("c")):
+        for w in (one, two, broker.worker_for("c")):
             w.close()
 
 

@@ -72,8 +72,9 @@ class Broker(Backend):
         _last = (key, broker)
         return broker
 
-    def packing_for(self, host: str) -> Worker:
-        """The worker declared for this host."""
+    def worker_for(self, host: str) -> Worker:
+        """The worker declared for this host; an unknown host is a WireError saying how
+        to list it."""
         worker = self._listing.get(host)
         if worker is None:
             known = ", ".join(map(repr, self._listing)) or "none"
@@ -86,10 +87,6 @@ class Broker(Backend):
         """What this host shares a wire with, or None for a host nobody listed."""
         worker = self._listing.get(host)
         return None if worker is None else worker._wire
-
-    def wire_token(self, host: str) -> bytes:
-        """Bytes equal for two hosts that share a wire; an unknown host is refused."""
-        return self.packing_for(host)._wire
 
     def provision(self, host: str, kind: str, id: str, blob: bytes, runtime: dict[str, Any]) -> None:
         """Stages what the host's wire provisions the far side with. Nothing is sent
@@ -106,7 +103,7 @@ class Broker(Backend):
     def _wire_of(self, host: str) -> Worker:
         """The one worker whose connection every host of this wire uses."""
         worker = self._wires.get(host)
-        return worker if worker is not None else self.packing_for(host)
+        return worker if worker is not None else self.worker_for(host)
 
     # -- the walk's side --------------------------------------------------------------
     def prepare(self, data: Any) -> None:
