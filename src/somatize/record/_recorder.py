@@ -254,7 +254,8 @@ class _Entry:
         self.written = False
 
 
-_Said = tuple[_Entry, int, dict[str, Any]]  # a forward, how many facts it said, its summary
+# A forward as a batch takes it: the entry, how many of its facts go, its summary.
+_Snapshot = tuple[_Entry, int, dict[str, Any]]
 
 
 class _Book:
@@ -383,27 +384,29 @@ class _Book:
                     self._wrote(at, batch, again)
             return True
 
-    def _plan(self, everything: bool) -> list[tuple[bool, list[_Said]]]:
+    def _plan(self, everything: bool) -> list[tuple[bool, list[_Snapshot]]]:
         """What to write: ``(again, [(entry, how many of its facts, its summary)])`` per
         batch, as the forwards are now (facts may come while they are written)."""
         going = len(self.pending)
         if not everything and going and not self.pending[-1].ready:
             going -= 1
-        fresh = [self._said(entry) for entry in self.pending[:going]]
+        fresh = [self._snapshot(entry) for entry in self.pending[:going]]
         plan = []
         if self.dirty:
             room = max(0, PER_OBJECT - len(self.sealed))
-            plan.append((True, [self._said(entry) for entry in self.sealed] + fresh[:room]))
+            plan.append((True, [self._snapshot(entry) for entry in self.sealed] + fresh[:room]))
             fresh = fresh[room:]
         while fresh:
             plan.append((False, fresh[:PER_OBJECT]))
             fresh = fresh[PER_OBJECT:]
         return plan
 
-    def _said(self, entry: _Entry) -> _Said:
+    def _snapshot(self, entry: _Entry) -> _Snapshot:
+        """``entry`` as it stands now: facts it hears while the batch is written are
+        counted out, and the batch is written again for them (``dirty``)."""
         return entry, len(entry.items), {name: entry.summary.get(name) for name in self.summarising}
 
-    def _wrote(self, at: int, batch: list[_Said], again: bool) -> None:
+    def _wrote(self, at: int, batch: list[_Snapshot], again: bool) -> None:
         """Takes note that ``batch`` is bound at ``at``."""
         entries = [entry for entry, _, _ in batch]
         added = len(entries) - len(self.sealed) if again else len(entries)
@@ -429,7 +432,7 @@ class _Book:
                 self.lost += dropped
                 del self.pending[:dropped]
 
-    def _put(self, at: int, batch: list[_Said], again: bool) -> int:
+    def _put(self, at: int, batch: list[_Snapshot], again: bool) -> int:
         """Binds ``batch`` as the forwards from ``at``; answers where it was bound."""
         each: Any = [summary for _, _, summary in batch] if self.summarising else len(batch)
         meta = {EACH: each}
@@ -443,7 +446,7 @@ class _Book:
             at = max(at + 1, next_forward(self.store, self.run))
         return at
 
-    def _body(self, at: int, batch: list[_Said]) -> bytes:
+    def _body(self, at: int, batch: list[_Snapshot]) -> bytes:
         texts, plain = [], []
         for entry, said, _ in batch:
             items = entry.items[:said]

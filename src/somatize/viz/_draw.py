@@ -103,7 +103,7 @@ def read_inside(graph: Any, inside: Any) -> dict[str, list[tuple[str, Mapping[st
 
 
 # -- what each box says -----------------------------------------------------------------
-class _Said:
+class _BoxText:
     """A box's text: ``plain`` lines size it, ``rich`` lines are drawn, ``hover`` is shown."""
 
     def __init__(self) -> None:
@@ -127,10 +127,10 @@ class _Declared:
         self.mapped = graph.mapped
 
 
-def _describe(declared: _Declared, node: str, flags: list[str], opened: bool) -> _Said:
+def _describe(declared: _Declared, node: str, flags: list[str], opened: bool) -> _BoxText:
     identity = declared.identities[node]
     device, host = declared.devices.get(node), declared.hosts.get(node)
-    said = _Said()
+    said = _BoxText()
     said.line(node, f"<b>{_escape(node)}</b>")
     said.line(identity.rsplit(".", 1)[-1], f"<span style='color:#555'>{_escape(identity.rsplit('.', 1)[-1])}</span>")
     placed = " ".join(part for part in (device, f"on {host}" if host else None) if part)
@@ -281,7 +281,7 @@ def _edges(geometry: Layout, shapes: list, annotations: list) -> None:
                             "arrowcolor": colour, "standoff": 0})
 
 
-def _boxes(fig: Any, graph_objects: Any, geometry: Layout, said: dict[str, _Said],
+def _boxes(fig: Any, graph_objects: Any, geometry: Layout, said: dict[str, _BoxText],
            flags: dict[str, list[str]], colours: dict[str | None, str], annotations: list) -> None:
     for node, box in geometry.boxes.items():
         flagged = node in flags

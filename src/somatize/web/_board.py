@@ -42,7 +42,7 @@ def finite(value: Any) -> Any:
     return value
 
 
-def _said(value: Any) -> Any:
+def _as_shown(value: Any) -> Any:
     """A number as the page says it: NaN and infinities as words, not as gaps."""
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)  # 'nan', 'inf', '-inf'
@@ -117,7 +117,7 @@ class Board:
         now = time.time()
         return [{"name": name, "forwards": run.forwards, "first": run.first, "last": run.last,
                  "ago": max(0.0, now - run.last), "live": now - run.last < LIVE_FOR,
-                 "loss": _said(row.loss), "findings": row.findings} for name, row, run in rows]
+                 "loss": _as_shown(row.loss), "findings": row.findings} for name, row, run in rows]
 
     def _judge(self, rows: list[tuple[str, _Row]]) -> None:
         """Brings the findings of the newest runs up to date, for a moment at most (and
@@ -153,7 +153,7 @@ class Board:
         return {"run": run, "version": version, "forwards": shape.forwards, "first": shape.first,
                 "last": shape.last, "ago": max(0.0, now - shape.last),
                 "live": now - shape.last < LIVE_FOR, "rate": row.shape.rate(RATE_OVER),
-                "loss": _said(losses.last()), "points": [[i, finite(v)] for i, v in points]}
+                "loss": _as_shown(losses.last()), "points": [[i, finite(v)] for i, v in points]}
 
     def _losses_of(self, run: str) -> Losses:
         with self._lock:
