@@ -16,8 +16,6 @@ __all__ = ["curve_figure", "progress", "smoothed", "spent"]
 
 RAW = "rgba(99, 110, 250, 0.5)"
 SMOOTH = "rgb(45, 55, 200)"
-HERE = "#4c78a8"
-HOSTS = ("#f58518", "#54a24b", "#b279a2", "#e45756", "#72b7b2", "#eeca3b", "#ff9da6", "#9d755d")
 FONT = {"family": "Helvetica, Arial, sans-serif", "size": 13}
 
 
@@ -117,15 +115,6 @@ def _bytes(count: int) -> str:
     return f"{count} B"
 
 
-def host_colours(hosts: Sequence[str | None]) -> dict[str | None, str]:
-    """One colour per host in order of appearance; nodes run here keep the first."""
-    colours: dict[str | None, str] = {None: HERE}
-    for host in hosts:
-        if host not in colours:
-            colours[host] = HOSTS[(len(colours) - 1) % len(HOSTS)]
-    return colours
-
-
 def spent(store: Any, run: str) -> Any:
     """A plotly figure of where a run's time went: each node's total as a bar, largest
     on top, coloured by host; below, the time and bytes sent to and received from each
@@ -173,6 +162,10 @@ def _spent_title(run: str, summed: Tally) -> str:
 
 
 def _node_bars(fig: Any, graph_objects: Any, ranked: list[tuple[str, dict[str, Any]]]) -> None:
+    # The graph's own figure colours hosts this way too; drawing is the one part of the
+    # record that reaches the viz layer, so the record still reads runs without it.
+    from ..viz._draw import host_colours
+
     colours = host_colours([entry["host"] for _, entry in ranked])
     by_host: dict[str | None, list[tuple[str, dict[str, Any]]]] = {}
     for node, entry in ranked:

@@ -201,6 +201,8 @@ def _part(node: str, path: str, what: Mapping[str, Any], flags: list[str]) -> tu
 
 # -- drawing ----------------------------------------------------------------------------
 def host_colours(places: Iterable[str | None]) -> dict[str | None, str]:
+    """One colour per host in order of appearance; nodes run here (None) keep the first.
+    The graph's figure and the record's ``spent`` both colour hosts with it."""
     colours: dict[str | None, str] = {None: HERE}
     for host in places:
         if host not in colours:
