@@ -35,6 +35,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from .._optional import optional
 from ._read import listed, read
 from ._recorder import check_run
 
@@ -42,18 +43,8 @@ __all__ = ["export_mlflow", "export_tensorboard", "to_mlflow", "to_tensorboard"]
 
 SUFFIX = ".somatize"  # the end of the event files written here, so an export replaces its own
 EXPERIMENT = "somatize"
+_TENSORBOARD, _MLFLOW = "writing for TensorBoard", "writing to MLflow"  # who needs it, when missing
 _UNSAFE = re.compile(r"[^\w.\- ]")  # what an MLflow key may not hold (its rule, less ':')
-
-
-def _needs(module: str, what: str) -> Any:
-    import importlib
-
-    try:
-        return importlib.import_module(module)
-    except ImportError as missing:
-        lacking = (missing.name or module).split(".")[0]
-        raise ImportError(f"{what} needs {lacking}, which is not installed: "
-                          "pip install 'somatize[trackers]'") from missing
 
 
 def _number(value: Any) -> float | None:
@@ -173,9 +164,9 @@ class _EventFile:
     """One TensorBoard event file, written through tensorboard's own event writer."""
 
     def __init__(self, directory: str, flush_secs: float):
-        writing = _needs("tensorboard.summary.writer.event_file_writer", "writing for TensorBoard")
-        self.protos = _needs("tensorboard.compat.proto.summary_pb2", "writing for TensorBoard")
-        self.events = _needs("tensorboard.compat.proto.event_pb2", "writing for TensorBoard")
+        writing = optional("tensorboard.summary.writer.event_file_writer", "trackers", _TENSORBOARD)
+        self.protos = optional("tensorboard.compat.proto.summary_pb2", "trackers", _TENSORBOARD)
+        self.events = optional("tensorboard.compat.proto.event_pb2", "trackers", _TENSORBOARD)
         self.writer = writing.EventFileWriter(directory, max_queue_size=1024,
                                               flush_secs=flush_secs, filename_suffix=SUFFIX)
 
@@ -184,9 +175,9 @@ class _EventFile:
         self.writer.add_event(self.events.Event(wall_time=wall, step=step, summary=summary))
 
     def text(self, tag: str, text: str, step: int, wall: float) -> None:
-        textual = _needs("tensorboard.plugins.text.metadata", "writing for TensorBoard")
-        tensors = _needs("tensorboard.compat.proto.tensor_pb2", "writing for TensorBoard")
-        shapes = _needs("tensorboard.compat.proto.tensor_shape_pb2", "writing for TensorBoard")
+        textual = optional("tensorboard.plugins.text.metadata", "trackers", _TENSORBOARD)
+        tensors = optional("tensorboard.compat.proto.tensor_pb2", "trackers", _TENSORBOARD)
+        shapes = optional("tensorboard.compat.proto.tensor_shape_pb2", "trackers", _TENSORBOARD)
         tensor = tensors.TensorProto(
             dtype=7,  # DT_STRING in TensorFlow's numbering, which the text plugin reads
             string_val=[text.encode("utf-8")],
@@ -248,8 +239,8 @@ class _MlflowRun:
 
     def __init__(self, tracking_uri: str | None, experiment: str, run_name: str | None,
                  tags: dict[str, str]):
-        tracking = _needs("mlflow.tracking", "writing to MLflow")
-        self.entities = _needs("mlflow.entities", "writing to MLflow")
+        tracking = optional("mlflow.tracking", "trackers", _MLFLOW)
+        self.entities = optional("mlflow.entities", "trackers", _MLFLOW)
         self.client = tracking.MlflowClient(tracking_uri=tracking_uri)
         found = self.client.get_experiment_by_name(experiment)
         experiment_id = found.experiment_id if found is not None else \
