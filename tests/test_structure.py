@@ -24,7 +24,7 @@ LAYERS = [
     ["somatize.ray"],
     ["somatize.health"],
     ["somatize.torch"],
-    ["somatize.cli", "somatize.web", "somatize.report", "somatize.__main__", "somatize"],
+    ["somatize.cli", "somatize.web", "somatize.__main__", "somatize"],
 ]
 
 # What each part may import from outside the standard library (optional extras only
@@ -39,7 +39,6 @@ THIRD_PARTY = {
     "somatize.torch": {"torch", "numpy", "safetensors", "tqdm", "ipywidgets"},
     "somatize.web": {"starlette", "uvicorn", "anyio", "plotly"},
     "somatize.cli": set(),
-    "somatize.report": {"plotly"},
 }
 
 GRAPH_PRIVATE = {"_impl", "_preds", "_succs", "_edges", "_devices", "_hosts", "_cached",
@@ -180,6 +179,21 @@ def test_nobody_outside_graph_touches_a_graphs_private_fields():
                     and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))):
                 wrong.append(f"{name}:{node.lineno} reads .{node.attr} of another object")
     assert wrong == []
+
+
+def test_every_layer_names_modules_that_exist():
+    found = sources()
+    assert [m for layer in LAYERS for m in layer if m not in found] == []
+    assert [part for part in THIRD_PARTY if part not in found] == []
+
+
+def test_what_each_part_may_import_is_the_list_the_docs_give():
+    text = " ".join((SRC.parents[0] / "docs" / "concepts.md").read_text().split())
+    for part, extras in THIRD_PARTY.items():
+        if extras:
+            listed = ", ".join(sorted(extras, key=str.lower))
+            shown = part.replace("somatize.", "")
+            assert f"`{shown}`: {listed}" in text, f"docs/concepts.md does not list {part}'s"
 
 
 @pytest.mark.parametrize("layer", range(len(LAYERS)))
