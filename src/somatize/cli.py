@@ -4,7 +4,10 @@
     somatize show STORE RUN [--forward N]    a run per node, or one forward's facts
     somatize report STORE RUN -o FILE.html   one HTML file that opens offline
     somatize health STORE RUN                what the audit's record says is unhealthy
-    somatize serve STORE [--port P]          a live page over a store, in a browser
+    somatize serve STORE [--host H] [--port P] [--public]
+                                             a live page over a store, in a browser;
+                                             an address other than loopback needs
+                                             --public, since the page has no login
     somatize export tensorboard STORE RUN DIR            a run as TensorBoard event files
     somatize export mlflow STORE RUN [--tracking-uri U]  a run as an MLflow run
     somatize worker ...                      a worker (python -m somatize.worker)
