@@ -98,7 +98,7 @@ class Limits:
 
     def __post_init__(self) -> None:
         for name in ("header", "frame", "buffers"):
-            whole_number(getattr(self, name), name, of="Limits")
+            whole_number(getattr(self, name), f"Limits.{name}")
         if self.header >= 1 << 32:
             raise ValueError(f"Limits.header must stay under 4 GiB, not {self.header}")
 
