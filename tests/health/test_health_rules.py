@@ -173,6 +173,12 @@ def test_every_finding_says_what_to_do_there():
     [still] = [f for f in findings_of(said(chain(12, body=cut, head=healthy)))
                if f.what == "not_updating"]
     assert "no gradient reaches them" in still.advice
+    # weights an optimizer moves, by next to nothing (a run that has learnt its batches)
+    crawl = lambda n: {**healthy(n), "grad_norm": 1e-9, "update_ratio": 1e-9}  # noqa: E731
+    [still] = [f for f in findings_of(said(chain(12, body=crawl, head=healthy)))
+               if f.what == "not_updating"]
+    assert still.evidence["because"] == "barely"
+    assert "not in the optimizer" not in still.advice and "learning rate" in still.advice
 
 
 def test_the_runs_own_findings_come_after_the_nodes_and_colour_no_node():

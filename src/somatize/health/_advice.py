@@ -66,6 +66,11 @@ def _not_updating(where: str, node: str, evidence: dict[str, Any]) -> str:
         return (f"Nothing moves {where}'s weights because no gradient reaches them: mend "
                 f"what stops it between {where} and the loss (a dying or vanishing layer, "
                 f"an output detached), or freeze(g, {node!r}) if it is meant to stay.")
+    if evidence.get("because") == "barely":
+        return (f"{where}'s weights still move, but by next to nothing: the gradient that "
+                f"reaches them has all but gone. If the loss is as low as it needs to be, "
+                f"the run has learnt what it can from these batches (stop it sooner); if "
+                f"not, raise the learning rate of the param group holding {node}.")
     return (f"Nothing moves {where}'s weights: this node is not in the optimizer, or its "
             f"param group's learning rate is 0 — give it parameters(g) with a learning rate "
             f"above 0, or freeze(g, {node!r}) if it is meant to stay as it is.")

@@ -246,10 +246,14 @@ def _streak(make: Callable[..., Finding], what: str, measure: str, rule: str,
 def _why_still(make: Callable[..., Finding], finding: Finding,
                gradients: list[tuple[int, Any]], dying: bool) -> Finding:
     """Weights that do not move were left out of the optimizer, or get no gradient: a
-    where whose units are dead, or to which nothing came back, is the second. Said in
-    the evidence (``because``), so the advice points at the right one."""
+    where whose units are dead, or to which nothing came back, is the second. Weights
+    that do move, only by next to nothing (a median ratio above 0: an optimizer that
+    holds them), get a gradient that has all but gone, as when a run has learnt all it
+    can from its batches. Said in the evidence (``because``), so the advice points at
+    the right one."""
     got = [v for step, v in gradients if step >= finding.since and isinstance(v, (int, float))]
-    because = "dying" if dying else "no gradient" if got and max(got) == 0 else None
+    because = ("dying" if dying else "no gradient" if got and max(got) == 0
+               else "barely" if finding.evidence.get("median", 0) > 0 else None)
     if because is None:
         return finding
     return make(finding.what, finding.since, {**finding.evidence, "because": because})
