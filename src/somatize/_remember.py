@@ -23,7 +23,7 @@ from ._codec import dumps, loads
 from ._errors import CacheError, StoreError, UnwritableError, walk_error
 from ._items import Items
 from ._keys import Unwritable, digest_of, node_key, node_prefix
-from ._walk import SKIP, Hooks, gather, mapped_answer, mapped_items
+from ._walk import FAR, ONE, ROOT, SKIP, Hooks, gather, mapped_answer, mapped_items
 from .store import Store
 
 __all__ = ["Memory", "changing_above", "foreseen", "name_of", "open_store"]
@@ -139,9 +139,9 @@ def _keys(prog: Any, route: Any, static: Static, root: bytes | None,
         if prog.mapped[i]:
             continue
         kind, source = prog.gathers[i]
-        if kind == 0:
+        if kind == ROOT:
             inputs = [root]
-        elif kind == 1:
+        elif kind in (ONE, FAR):
             inputs = [keys[source]]
         else:
             inputs = [keys[at] for _, at in source]
@@ -257,9 +257,10 @@ class Memory(Hooks):
         """The key of a node below a mapped one, known only once that one ran."""
         prog = self.prog
         kind, source = prog.gathers[i]
-        if kind == 0:
+        if kind == ROOT:
             return None
-        inputs = [self.keys[source]] if kind == 1 else [self.keys[at] for _, at in source]
+        inputs = ([self.keys[source]] if kind in (ONE, FAR)
+                  else [self.keys[at] for _, at in source])
         if any(k is None for k in inputs):
             if self.input_type is not None:
                 raise walk_error(UnwritableError(

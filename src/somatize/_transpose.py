@@ -21,7 +21,7 @@ from typing import Any
 
 from ._errors import DeclarationError
 from ._slices import Later, Slice, backend_of, fan_out, new_forward_id, spread
-from ._walk import MANY, ONE, ROOT, SKIP, Hooks, Program, gather, walk
+from ._walk import FAR, MANY, ONE, ROOT, SKIP, Hooks, Program, gather, walk
 
 __all__ = ["GIVEN", "POSITION", "walk_back"]
 
@@ -122,7 +122,10 @@ def transposed(data: Any, nodes: tuple[str, ...], given: tuple[str, ...]) -> tup
         if not arriving:
             gathers.append((ROOT, None))
         elif len(arriving) == 1:
-            gathers.append((ONE, arriving[0][1]))
+            # what a host's node answered, or what the caller hands in, may be a value
+            # that stayed elsewhere; a node here hands on what it made
+            source, at = arriving[0]
+            gathers.append((FAR if source == GIVEN or source in data.hosts else ONE, at))
         else:
             gathers.append((MANY, tuple(arriving)))
     impls = [data.impls[n] for n in order]

@@ -24,11 +24,11 @@ from ._codec import DATA_TYPES
 from ._errors import EdgeError, Lost, NodeError, walk_error
 from ._node import Ctx, Done, Opaque
 
-__all__ = ["Hooks", "LostValue", "MANY", "ONE", "Program", "ROOT", "SKIP", "gather",
+__all__ = ["FAR", "Hooks", "LostValue", "MANY", "ONE", "Program", "ROOT", "SKIP", "gather",
            "mapped_answer", "mapped_items", "program", "settle", "walk"]
 
 _DATA = frozenset(DATA_TYPES)
-ROOT, ONE, MANY = 0, 1, 2
+ROOT, ONE, MANY, FAR = 0, 1, 2, 3
 SKIP = object()  # what a hook answers when it has put the node's value in place itself
 
 
@@ -53,7 +53,10 @@ class Program:
     """A graph compiled for walking: one slot per node, in the data form's id order.
 
     ``gathers[i]`` says where node ``i``'s input comes from: ``(ROOT, None)`` the walk's
-    input, ``(ONE, j)`` slot ``j``, ``(MANY, ((key, j), ...))`` a map of slots.
+    input, ``(ONE, j)`` slot ``j``, ``(MANY, ((key, j), ...))`` a map of slots, and
+    ``(FAR, j)`` slot ``j`` of a node that runs on a host, whose output may have stayed
+    there (a ``LostValue``). Only a host's node leaves one behind, so only ``FAR`` and
+    ``MANY`` look for it, and the walk's commonest step, ``ONE``, reads the slot as it is.
     """
 
     def __init__(self, ids: list[str], impls: list[Any], devices: list[str | None],
@@ -78,7 +81,7 @@ class Program:
             if not preds:
                 gathers.append((ROOT, None))
             elif len(preds) == 1:
-                gathers.append((ONE, index[preds[0]]))
+                gathers.append((FAR if preds[0] in data.hosts else ONE, index[preds[0]]))
             else:
                 gathers.append((MANY, tuple((p, index[p]) for p in preds)))
         prog = cls(ids, [data.impls[n] for n in ids], [data.devices.get(n) for n in ids],
@@ -162,8 +165,6 @@ def walk(prog: Program, order: list[int], vals: list[Any], value: Any, hooks: Ho
                 kind, source = gathers[i]
                 if kind == ONE:
                     x = vals[source]
-                    if type(x) is LostValue:
-                        x.read(ids[i])
                 elif kind == ROOT:
                     x = value
                 else:
@@ -200,6 +201,8 @@ def gather(prog: Program, i: int, vals: list[Any], value: Any) -> Any:
     if kind == ROOT:
         return value
     if kind == ONE:
+        return vals[source]
+    if kind == FAR:
         x = vals[source]
         if type(x) is LostValue:
             x.read(prog.ids[i])
