@@ -20,7 +20,7 @@ import ray.exceptions
 
 from .._errors import DeclarationError, WireError
 from .._slices import Outcome
-from ..wire.client import Link, Staged, slice_header
+from ..wire.client import Link, Pending, Staged, slice_header
 from ..wire.declare import Worker, checked_mode, checked_timeout
 from ..wire.protocol import Limits
 from .actor import Host
@@ -174,36 +174,22 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0].rstrip(".") if text else type(exc).__name__
 
 
-class _Sent:
+class _Sent(Pending):
     """A slice handed to the actor and not read back yet: ``result()`` reads it (Ray
     runs one caller's calls to an actor in the order they were made, so a pipeline may
     send its next piece before this one's answer is read)."""
 
-    __slots__ = ("began", "bytes", "error", "header", "host", "link", "nodes", "outcome",
-                 "pieces", "ref", "settled", "took_sent", "watching")
+    __slots__ = ("began", "bytes", "header", "pieces", "ref")
 
     def __init__(self, link: RayLink, host: str, nodes: list[str], watching: bool,
                  header: dict[str, Any], buffers: list[Any]):
-        self.link, self.host, self.nodes, self.watching = link, host, nodes, watching
+        super().__init__(link, host, nodes, watching, None)
         self.header, self.bytes = header, size(buffers)
         self.began = time.perf_counter_ns()
         # what the call carries: a large buffer put in the store first, the rest inline
         self.pieces = [ray.put(b) if size([b]) >= _PUT else b for b in outgoing(buffers)]
         self.took_sent = (time.perf_counter_ns() - self.began) // 1000
         self.ref: Any = None
-        self.settled = False
-        self.outcome: Outcome | None = None
-        self.error: BaseException | None = None
-
-    def done(self) -> bool:
-        return self.settled
-
-    def result(self) -> Outcome:
-        if not self.settled:
-            self.link.settle(self)
-        if self.error is not None:
-            raise self.error
-        return self.outcome
 
 
 class RayLink(Link):
