@@ -181,6 +181,7 @@ def _settled(future: Future) -> tuple[Outcome | None, Exception | None]:
 
 # -- a {host: Worker} map stands for a backend --------------------------------------------
 _listings: dict[type, Callable[[dict], Backend]] = {}
+_makers: dict[type, Callable[[dict], Backend] | None] = {}  # a kind's, found once (forwards ask)
 
 
 def listing(kind: type, make: Callable[[dict], Backend]) -> None:
@@ -195,15 +196,9 @@ def backend_of(broker: Any) -> Backend | None:
     transport registered."""
     if broker is None or isinstance(broker, Backend):
         return broker
-    if type(broker) is dict:  # the common case, asked every forward: one kind of worker
-        kinds = set(map(type, broker.values()))
-        if len(kinds) == 1:
-            make = _maker(*kinds)
-            if make is not None:
-                return make(broker)
     if isinstance(broker, dict):
-        kinds = {type(worker) for worker in broker.values()}
-        makers = {_maker(kind) for kind in kinds}
+        kinds = set(map(type, broker.values()))
+        makers = {_maker(kind) for kind in kinds}  # each found once per kind
         if len(makers) == 1 and None not in makers:
             return makers.pop()(broker)
         named = ", ".join(sorted(kind.__qualname__ for kind in kinds)) or "nothing"
@@ -220,5 +215,3 @@ def _maker(kind: type) -> Callable[[dict], Backend] | None:
         make = _makers[kind] = next((_listings[b] for b in kind.__mro__ if b in _listings), None)
     return make
 
-
-_makers: dict[type, Callable[[dict], Backend] | None] = {}  # found once per kind

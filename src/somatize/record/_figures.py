@@ -164,7 +164,7 @@ def _spent_title(run: str, summed: Tally) -> str:
 def _node_bars(fig: Any, graph_objects: Any, ranked: list[tuple[str, dict[str, Any]]]) -> None:
     # The graph's own figure colours hosts this way too; drawing is the one part of the
     # record that reaches the viz layer, so the record still reads runs without it.
-    from ..viz._draw import host_colours
+    from ..viz import host_colours
 
     colours = host_colours([entry["host"] for _, entry in ranked])
     by_host: dict[str | None, list[tuple[str, dict[str, Any]]]] = {}

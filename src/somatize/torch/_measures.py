@@ -22,7 +22,7 @@ import torch
 from .._errors import DeclarationError
 from .._node import Opaque
 from ._bounded import marks_of, saturation
-from ._tensors import tensors_in
+from ._tensors import measurable_in
 
 __all__ = ["BINS", "Held", "Place", "Sink"]
 
@@ -88,8 +88,7 @@ class Place:
         if type(value) is torch.Tensor:  # the usual answer, without the walk
             tensors = (value,) if value.is_floating_point() and value.numel() else ()
         else:
-            tensors = [t for t in tensors_in(output, depth=3)
-                       if t.is_floating_point() and t.numel()]
+            tensors = measurable_in(output)
         first = True
         for tensor in tensors:
             self.act(tensor, first)

@@ -23,7 +23,7 @@ from .._graph import Graph
 from .._node import Opaque
 from ._architecture import _undisturbed
 from ._audit import Audit
-from ._tensors import tensors_in
+from ._tensors import measurable_in
 from ._weights import modules_of
 
 __all__ = ["probe"]
@@ -76,8 +76,7 @@ def probe(graph: Graph, example: Any, *, depth: int = 0, most: int = 48, probes:
 def _differentiate(output: Any, produced: list[torch.Tensor], probes: int) -> None:
     """Takes each random direction of the output back to everything the Audit saw
     produced; the Audit's gradient hooks count what arrives."""
-    ends = [t for t in tensors_in(output, depth=3)
-            if t.requires_grad and t.is_floating_point() and t.numel()]
+    ends = [t for t in measurable_in(output) if t.requires_grad]
     produced = [t for t in produced if t.requires_grad]
     if not ends or not produced:
         return  # nothing trainable between the input and the output: no gradient to read

@@ -8,7 +8,7 @@ import torch
 
 from .._node import Done, Opaque
 
-__all__ = ["tensors_in"]
+__all__ = ["measurable_in", "tensors_in"]
 
 
 def tensors_in(value: Any, *, refusing: str | None = None, depth: int | None = None) -> list[torch.Tensor]:
@@ -18,6 +18,12 @@ def tensors_in(value: Any, *, refusing: str | None = None, depth: int | None = N
     found: list[torch.Tensor] = []
     _walk(value, refusing, depth, found)
     return found
+
+
+def measurable_in(value: Any) -> list[torch.Tensor]:
+    """The tensors of an output the Audit measures and a probe differentiates: the
+    floating-point, non-empty ones, at most three containers deep."""
+    return [t for t in tensors_in(value, depth=3) if t.is_floating_point() and t.numel()]
 
 
 def _walk(value: Any, refusing: str | None, depth: int | None, found: list) -> None:
