@@ -15,11 +15,11 @@ from somatize.wire.protocol import PREFIX, encode
 GiB = 1 << 30
 
 
-def announced(session, size: int) -> tuple[bytes, memoryview]:
+def announced(keyed, size: int) -> tuple[bytes, memoryview]:
     """A slice frame announcing one buffer of ``size`` bytes: its prefix and header,
     and the buffer's bytes (zeros, mapped lazily here too, so nothing is committed)."""
     buffer = memoryview(mmap.mmap(-1, size))
-    head, view = encode("slice", {"f": bytes(16), "n": [], "w": []}, [buffer], session)
+    head, view = encode("slice", {"f": bytes(16), "n": [], "w": []}, [buffer], keyed)
     return bytes(head), view
 
 
@@ -33,7 +33,7 @@ def test_a_huge_announced_buffer_costs_only_the_bytes_that_arrive(standing):
     worker = standing("--timeout", "5")
     sock, channel, _, _ = authenticated(worker.addr)
     began = worker.resident()
-    head, body = announced(channel.session, GiB)
+    head, body = announced(channel.keyed, GiB)
     sock.sendall(head)
     assert grown(worker, began) < 32 << 20  # 1 GiB announced, nothing sent: nothing taken
     sock.sendall(body[: 48 << 20])
@@ -48,7 +48,7 @@ def test_a_huge_announced_header_costs_only_the_bytes_that_arrive(standing):
     worker = standing("--timeout", "5", "--max-header", str(GiB))
     sock, channel, _, _ = authenticated(worker.addr)
     began = worker.resident()
-    head = bytearray(encode("catalog", {"c": "x"}, [], channel.session)[0])
+    head = bytearray(encode("catalog", {"c": "x"}, [], channel.keyed)[0])
     head[4:8] = GiB.to_bytes(4, "little")  # the MAC is checked only once it all came
     sock.sendall(bytes(head[:PREFIX]))
     sock.sendall(bytes(8 << 20))

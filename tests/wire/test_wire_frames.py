@@ -9,7 +9,7 @@ from wire_helpers import TOKEN, authenticated, dropped, raw, standing  # noqa: F
 from wire_nodes import Shout
 
 from somatize import Graph, Worker
-from somatize.wire.protocol import PREFIX, VERSION, Session, encode, new_nonce
+from somatize.wire.protocol import PREFIX, VERSION, Keyed, encode, new_nonce
 
 
 @pytest.fixture
@@ -55,7 +55,7 @@ def test_an_oversized_frame_after_the_handshake_is_refused(standing):
     worker = standing("--max-frame", "100000")
     sock, channel, _, _ = authenticated(worker.addr)
     sock.sendall(b"".join(bytes(p) for p in encode("slice", {"f": bytes(16), "n": [], "w": []},
-                                                    [bytes(200_000)], channel.session)))
+                                                    [bytes(200_000)], channel.keyed)))
     assert dropped(sock)
     worker.wait_log("over the limit of 100000")
     still_serving(worker)
@@ -63,7 +63,7 @@ def test_an_oversized_frame_after_the_handshake_is_refused(standing):
 
 def test_a_replayed_frame_fails_its_mac(worker):
     sock, channel, _, _ = authenticated(worker.addr)
-    frame = b"".join(bytes(p) for p in encode("catalog", {"c": "sha256:none"}, [], channel.session))
+    frame = b"".join(bytes(p) for p in encode("catalog", {"c": "sha256:none"}, [], channel.keyed))
     sock.sendall(frame)
     assert channel.recv().kind == "need"  # the first time it is a request like any other
     sock.sendall(frame)
@@ -85,7 +85,7 @@ def test_a_replayed_handshake_fails(worker):
 
 def test_a_frame_forged_without_the_token_fails(worker):
     sock, _, _, _ = authenticated(worker.addr)
-    forged = Session(b"\x00" * 32, b"C")
+    forged = Keyed(b"\x00" * 32, b"C")
     sock.sendall(b"".join(bytes(p) for p in encode("catalog", {"c": "x"}, [], forged)))
     assert dropped(sock)
     still_serving(worker)

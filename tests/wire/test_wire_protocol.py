@@ -15,13 +15,13 @@ from somatize.wire.protocol import (
     VERSION,
     Limits,
     OtherVersion,
-    Session,
+    Keyed,
     decode,
     derive_key,
     encode,
     proof,
     refusal,
-    session_key,
+    connection_key,
 )
 
 ROOMY = Limits(header=1 << 20, frame=1 << 24, buffers=64)
@@ -31,9 +31,9 @@ def joined(pieces) -> bytes:
     return b"".join(bytes(p) for p in pieces)
 
 
-def pair() -> tuple[Session, Session]:
-    key = session_key(b"token", b"c" * 32, b"w" * 32)
-    return Session(key, b"C"), Session(key, b"W")
+def pair() -> tuple[Keyed, Keyed]:
+    key = connection_key(b"token", b"c" * 32, b"w" * 32)
+    return Keyed(key, b"C"), Keyed(key, b"W")
 
 
 def test_a_frame_round_trips_with_its_buffers_as_they_are():
@@ -72,7 +72,7 @@ def test_a_frame_cannot_be_reflected_back_to_its_sender():
     client, _ = pair()
     frame = joined(encode("ok", {}, [], client))
     with pytest.raises(ProtocolError, match="MAC"):
-        decode(frame, ROOMY, Session(session_key(b"token", b"c" * 32, b"w" * 32), b"C"))
+        decode(frame, ROOMY, Keyed(connection_key(b"token", b"c" * 32, b"w" * 32), b"C"))
 
 
 def test_a_sealed_frame_covers_its_buffers_and_an_unsealed_one_does_not():
@@ -141,9 +141,9 @@ def valid_frames() -> list[bytes]:
 @settings(max_examples=400, deadline=None)
 @given(st.binary(max_size=300))
 def test_fuzz_any_bytes_are_frames_or_a_protocol_error(data):
-    for session in (None, pair()[1]):
+    for keyed in (None, pair()[1]):
         try:
-            frames = decode(data, ROOMY, session)
+            frames = decode(data, ROOMY, keyed)
         except ProtocolError:
             continue
         assert all(f.kind for f in frames)
@@ -158,9 +158,9 @@ def test_fuzz_mutated_frames_are_frames_or_a_protocol_error(which, data):
         frame[at] = data.draw(st.integers(0, 255))
     cut = data.draw(st.integers(0, len(frame)))
     for blob in (bytes(frame), bytes(frame[:cut])):
-        for session in (None, pair()[1]):
+        for keyed in (None, pair()[1]):
             try:
-                decode(blob, ROOMY, session)
+                decode(blob, ROOMY, keyed)
             except ProtocolError:
                 pass
 

@@ -26,12 +26,12 @@ from somatize.wire.protocol import (
     HANDSHAKE,
     VERSION,
     Limits,
-    Session,
+    Keyed,
     derive_key,
     encode,
     new_nonce,
     proof,
-    session_key,
+    connection_key,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -143,8 +143,8 @@ def raw(addr: str, timeout: float = 5) -> socket.socket:
     return socket.create_connection((host, int(port)), timeout=timeout)
 
 
-def frame_bytes(kind: str, header: dict | None = None, buffers=(), session=None) -> bytes:
-    return b"".join(bytes(p) for p in encode(kind, header, list(buffers), session))
+def frame_bytes(kind: str, header: dict | None = None, buffers=(), keyed=None) -> bytes:
+    return b"".join(bytes(p) for p in encode(kind, header, list(buffers), keyed))
 
 
 def hello_bytes() -> bytes:
@@ -165,7 +165,7 @@ def authenticated(addr: str, token: bytes = TOKEN.encode()) -> tuple[socket.sock
     key = derive_key(token, challenge.header["s"])
     sent.append(frame_bytes("proof", {"p": proof(key, b"client", client_nonce, worker_nonce)}))
     sock.sendall(sent[-1])
-    channel.session = Session(session_key(key, client_nonce, worker_nonce), b"C")
+    channel.keyed = Keyed(connection_key(key, client_nonce, worker_nonce), b"C")
     welcome = channel.recv(HANDSHAKE)
     assert welcome.kind == "welcome"
     assert welcome.header["p"] == proof(key, b"worker", client_nonce, worker_nonce)

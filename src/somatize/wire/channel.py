@@ -24,7 +24,7 @@ from .protocol import (
     SEALED,
     Frame,
     Limits,
-    Session,
+    Keyed,
     check_header_mac,
     check_seal,
     encode,
@@ -57,7 +57,7 @@ class Channel:
     def __init__(self, sock: socket.socket, limits: Limits):
         self.sock = sock
         self.limits = limits
-        self.session: Session | None = None
+        self.keyed: Keyed | None = None
         self.lock = threading.Lock()
         self._gather = not isinstance(sock, ssl.SSLSocket) and hasattr(sock, "sendmsg")
         self._prefix = bytearray(PREFIX)
@@ -83,7 +83,7 @@ class Channel:
         while this one goes out then never waits for us to read. It answers False
         once there is nothing more it wants to read."""
         with self.lock:
-            pieces = encode(kind, header, list(buffers), self.session, sealed, self.most)
+            pieces = encode(kind, header, list(buffers), self.keyed, sealed, self.most)
             if reading is None or not self._gather:
                 return self._send_pieces(pieces)
             return self._send_reading(pieces, reading)
@@ -143,7 +143,7 @@ class Channel:
         long as it takes for a frame to start, and one with a ``deadline`` (a
         ``time.monotonic()``) is bounded by it in total, however the bytes trickle in.
         ``refusal_ok`` accepts a ``refused`` frame without a MAC on a connection that
-        has a session, which is how a worker turns down a proof.
+        has a key, which is how a worker turns down a proof.
         """
         limits = limits or self.limits
         prefix = self._prefix
@@ -151,9 +151,9 @@ class Channel:
         began = time.perf_counter_ns()
         flags, header_len, body_len, mac = split_prefix(prefix, limits)
         raw = self._receive(header_len, deadline)
-        seq = check_header_mac(self.session, flags, prefix, raw, mac, refusal_ok)
+        seq = check_header_mac(self.keyed, flags, prefix, raw, mac, refusal_ok)
         kind, head, sizes = read_header(raw, body_len, limits)
-        if seq is None and self.session is not None and kind != "refused":
+        if seq is None and self.keyed is not None and kind != "refused":
             raise ProtocolError(f"a {kind!r} frame without a MAC on an authenticated connection")
         raw = None
         buffers = [self._receive(size, deadline, reuse=True) for size in sizes]
@@ -162,7 +162,7 @@ class Channel:
         if flags & SEALED:
             trailer = bytearray(MAC_SIZE)
             self._fill(memoryview(trailer), deadline=deadline)
-            check_seal(self.session, seq, mac, buffers, trailer)  # type: ignore[arg-type]
+            check_seal(self.keyed, seq, mac, buffers, trailer)  # type: ignore[arg-type]
         size = PREFIX + header_len + body_len + (MAC_SIZE if flags & SEALED else 0)
         return Frame(kind, head, buffers, size, bool(flags & SEALED),
                      (time.perf_counter_ns() - began) // 1000)

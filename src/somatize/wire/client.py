@@ -23,7 +23,7 @@ from .._slices import Outcome
 from .._errors import Lost, NodeError, ProtocolError, Silent, Unauthorised, UnwritableError, WireError
 from .catalog import unpack_values
 from .channel import Channel, Closed
-from .protocol import HANDSHAKE, VERSION, Session, derive_key, new_nonce, proof, session_key
+from .protocol import HANDSHAKE, VERSION, Keyed, derive_key, new_nonce, proof, connection_key
 
 __all__ = ["Link", "Outcome", "Pending", "RemoteTraceback", "Staged", "slice_header"]
 
@@ -438,7 +438,7 @@ class Link:
                                     host=host)
             key = derive_key(token, salt)
             self._request(host, "proof", {"p": proof(key, b"client", client_nonce, worker_nonce)})
-            channel.session = Session(session_key(key, client_nonce, worker_nonce), b"C")
+            channel.keyed = Keyed(connection_key(key, client_nonce, worker_nonce), b"C")
         welcome = self._welcome(host, deadline)
         said = welcome.header.get("p")
         if key is not None and (type(said) is not bytes or not hmac.compare_digest(

@@ -24,12 +24,12 @@ from .protocol import (
     HANDSHAKE,
     VERSION,
     OtherVersion,
-    Session,
+    Keyed,
     encode,
     new_nonce,
     proof,
     refusal,
-    session_key,
+    connection_key,
 )
 
 if TYPE_CHECKING:  # the server hands itself in; nothing here calls it by name
@@ -154,7 +154,7 @@ class Connection:
                 except OSError:
                     pass
                 raise ProtocolError("wrong token: the client's proof does not match")
-            channel.session = Session(session_key(key, client_nonce, worker_nonce), b"W")
+            channel.keyed = Keyed(connection_key(key, client_nonce, worker_nonce), b"W")
             welcome["p"] = proof(key, b"worker", client_nonce, worker_nonce)
         if type(most) is int and most > 0:  # said before it proved anything: it only limits us
             channel.most = most
@@ -192,7 +192,7 @@ class Connection:
                 if self.busy_since is None or self.closed.is_set():
                     continue
                 try:
-                    self.channel._send_pieces(encode("beat", None, [], self.channel.session))
+                    self.channel._send_pieces(encode("beat", None, [], self.channel.keyed))
                 except OSError:
                     return
 

@@ -52,7 +52,7 @@ __all__ = [
     "Frame",
     "Limits",
     "OtherVersion",
-    "Session",
+    "Keyed",
     "decode",
     "derive_key",
     "encode",
@@ -61,7 +61,7 @@ __all__ = [
     "proof",
     "read_header",
     "refusal",
-    "session_key",
+    "connection_key",
     "split_prefix",
 ]
 
@@ -119,7 +119,7 @@ class Frame:
     took_us: int = 0  # from its first byte to its last, when read from a socket
 
 
-class Session:
+class Keyed:
     """The MAC state of one authenticated connection: a key and two counters.
 
     ``side`` is ``b"C"`` for the client and ``b"W"`` for the worker; what one side
@@ -180,7 +180,7 @@ def proof(key: bytes, who: bytes, client_nonce: bytes, worker_nonce: bytes) -> b
                     hashlib.sha256).digest()
 
 
-def session_key(key: bytes, client_nonce: bytes, worker_nonce: bytes) -> bytes:
+def connection_key(key: bytes, client_nonce: bytes, worker_nonce: bytes) -> bytes:
     """The key this one connection MACs its frames with: fresh nonces, fresh key."""
     return hmac.new(key, b"somatize session" + client_nonce + worker_nonce,
                     hashlib.sha256).digest()
@@ -198,12 +198,12 @@ def refusal(version: int, why: str) -> bytes:
 
 # -- encoding -----------------------------------------------------------------------
 def encode(kind: str, header: dict[str, Any] | None = None, buffers: list[Any] = (),
-           session: Session | None = None, sealed: bool = False,
+           keyed: Keyed | None = None, sealed: bool = False,
            most: int | None = None) -> list[Any]:
     """A frame as the pieces to send, in order; buffers are not copied.
 
     ``session`` MACs it (and advances the send counter); ``sealed`` adds a MAC over
-    the buffers, where there is a session to make one with. A frame larger than
+    the buffers, where the connection is keyed. A frame larger than
     ``most`` bytes (what the far side accepts) is refused before the counter moves.
     """
     parts = [_parts(b) for b in buffers]
@@ -224,17 +224,17 @@ def encode(kind: str, header: dict[str, Any] | None = None, buffers: list[Any] =
         raise ProtocolError(f"a {kind!r} frame of {PREFIX + len(raw) + body} bytes is over "
                             f"the far side's limit of {most} bytes")
     flags = 0
-    if session is not None:
+    if keyed is not None:
         flags |= MACED | (SEALED if sealed and parts else 0)
     start = _PREFIX.pack(MAGIC, VERSION, flags, len(raw), body)
-    if session is None:
+    if keyed is None:
         return [start + _NO_MAC + raw, *views]
-    seq = session.sent
-    session.sent += 1
-    mac = session.tag(session.side, seq, start, raw)
+    seq = keyed.sent
+    keyed.sent += 1
+    mac = keyed.tag(keyed.side, seq, start, raw)
     pieces: list[Any] = [start + mac + raw, *views]
     if flags & SEALED:
-        pieces.append(session.tag(session.side, seq, mac, *views))
+        pieces.append(keyed.tag(keyed.side, seq, mac, *views))
     return pieces
 
 
@@ -307,7 +307,7 @@ def _no_ext(code: int, data: bytes) -> Any:
     raise ProtocolError(f"a frame header with a msgpack extension type ({code})")
 
 
-def check_header_mac(session: Session | None, flags: int, prefix: Any, raw: Any, mac: bytes,
+def check_header_mac(keyed: Keyed | None, flags: int, prefix: Any, raw: Any, mac: bytes,
                      refusal_ok: bool = False) -> int | None:
     """Verifies a header's MAC and returns the sequence number it was checked at.
 
@@ -315,7 +315,7 @@ def check_header_mac(session: Session | None, flags: int, prefix: Any, raw: Any,
     to accept only if it is a ``refused``: the one frame a worker that does not share
     the key can answer a proof with.
     """
-    if session is None:
+    if keyed is None:
         if flags:
             raise ProtocolError("an authenticated frame before the handshake finished")
         return None
@@ -323,24 +323,24 @@ def check_header_mac(session: Session | None, flags: int, prefix: Any, raw: Any,
         if refusal_ok:
             return None
         raise ProtocolError("a frame without a MAC on an authenticated connection")
-    seq = session.received
-    expected = session.tag(session.peer, seq, bytes(prefix[:_PREFIX.size]), raw)
+    seq = keyed.received
+    expected = keyed.tag(keyed.peer, seq, bytes(prefix[:_PREFIX.size]), raw)
     if not hmac.compare_digest(expected, mac):
         raise ProtocolError(
             "a frame whose MAC does not match: replayed, reordered, altered or forged"
         )
-    session.received += 1
+    keyed.received += 1
     return seq
 
 
-def check_seal(session: Session, seq: int, mac: bytes, buffers: list[Any], trailer: bytes) -> None:
-    expected = session.tag(session.peer, seq, mac, *buffers)
+def check_seal(keyed: Keyed, seq: int, mac: bytes, buffers: list[Any], trailer: bytes) -> None:
+    expected = keyed.tag(keyed.peer, seq, mac, *buffers)
     if not hmac.compare_digest(expected, bytes(trailer)):
         raise ProtocolError("a sealed frame whose buffers do not match their MAC")
 
 
 def decode(data: bytes | bytearray | memoryview, limits: Limits = HANDSHAKE,
-           session: Session | None = None) -> list[Frame]:
+           keyed: Keyed | None = None) -> list[Frame]:
     """Every frame in ``data``, which must hold whole frames and nothing else.
 
     The same checks a connection makes, over bytes already in hand: what is not a
@@ -355,7 +355,7 @@ def decode(data: bytes | bytearray | memoryview, limits: Limits = HANDSHAKE,
         at += PREFIX
         raw = _take(view, at, header_len, "header")
         at += header_len
-        seq = check_header_mac(session, flags, prefix, raw, mac)
+        seq = check_header_mac(keyed, flags, prefix, raw, mac)
         kind, head, sizes = read_header(raw, body_len, limits)
         buffers = []
         for size in sizes:
@@ -364,7 +364,7 @@ def decode(data: bytes | bytearray | memoryview, limits: Limits = HANDSHAKE,
         if flags & SEALED:
             trailer = _take(view, at, MAC_SIZE, "seal")
             at += MAC_SIZE
-            check_seal(session, seq, mac, buffers, trailer)  # type: ignore[arg-type]
+            check_seal(keyed, seq, mac, buffers, trailer)  # type: ignore[arg-type]
         frames.append(Frame(kind, head, buffers, PREFIX + header_len + body_len
                             + (MAC_SIZE if flags & SEALED else 0), bool(flags & SEALED)))
     return frames
