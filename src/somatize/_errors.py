@@ -22,7 +22,8 @@ ValueError`` keeps working for code that has never heard of somatize::
     ├── WireError               ConnectionError   a worker could not be reached or answered badly
     │   ├── Silent              TimeoutError      a connection quiet past its heartbeat
     │   ├── Unauthorised        PermissionError   the token or the certificate did not match
-    │   └── ProtocolError                         a frame that is not one
+    │   ├── ProtocolError                         a frame that is not one
+    │   └── StateLost                             what a session learnt on a worker is gone
     ├── Lost                    LookupError  an output that stayed on the worker that made it
     ├── NoGradient              RuntimeError something the optimizer holds got no gradient
     └── OutOfStep               RuntimeError a gradient for an activation that is gone
@@ -52,6 +53,7 @@ __all__ = [
     "RecordError",
     "Silent",
     "SomaError",
+    "StateLost",
     "StoreError",
     "Unauthorised",
     "UnwritableError",
@@ -145,6 +147,16 @@ class Unauthorised(WireError, PermissionError):
 
 class ProtocolError(WireError):
     """Something arrived that is not a frame of ours."""
+
+
+class StateLost(WireError):
+    """What a session had learnt on a worker (its trainers' weights and optimizer
+    state) is gone: the worker restarted, or let go of the session. ``nodes`` are the
+    ones whose state it was; resuming from a checkpoint starts the session afresh."""
+
+    def __init__(self, message: str, *, host: str | None = None, nodes: list[str] = ()):
+        super().__init__(message, host=host)
+        self.nodes = list(nodes)
 
 
 class Lost(SomaError, LookupError):

@@ -38,7 +38,8 @@ if TYPE_CHECKING:
     from ._plan import Plan
 
 __all__ = ["DECLARATIONS", "Graph", "GraphData", "assembled", "describe", "generated",
-           "hand_down", "identity", "undescribed", "validate_device", "validate_host"]
+           "hand_down", "identity", "made_from", "undescribed", "validate_device",
+           "validate_host"]
 
 validate_device = valid_device
 validate_host = valid_host
@@ -52,6 +53,11 @@ _MADE = "\x1f"
 def generated(base: str, role: str) -> str:
     """An id the library makes beside node ``base``; never equal to a user's id."""
     return f"{base}{_MADE}{role}"
+
+
+def made_from(node_id: str) -> str:
+    """The user's id an id stands for: itself, or the node a made id stands beside."""
+    return node_id.split(_MADE, 1)[0]
 
 
 @dataclass(frozen=True, eq=False)

@@ -106,6 +106,17 @@ class Backend:
         of a shared pool; a transport that can send now and read later overrides it."""
         return _shared_pool().submit(self.run, piece)
 
+    def session(self, keeps: bool = False) -> Backend:
+        """A backend whose slices run against state of their own on every host, apart
+        from anybody else's; ``keeps`` says that state learns there (a trainer's), so
+        losing it must be said, never made good from the first copy. A backend that
+        keeps nothing apart answers itself."""
+        return self
+
+    def close(self) -> None:
+        """Lets go of what this backend holds on its hosts (a session's state)."""
+        return None
+
 
 def fan_out(backend: Backend, pieces: list[Slice],
             meanwhile: Callable[[], None] | None = None) -> list[tuple[Outcome | None, Exception | None]]:

@@ -193,6 +193,9 @@ def walk(prog: Program, order: list[int], vals: list[Any], value: Any, hooks: Ho
         if getattr(exc, "_soma_walk", False):  # the walk's own refusal, already named
             raise
         raise failed(prog, i, exc, emit) from exc
+    except BaseException as exc:  # Ctrl-C and exit go on as they are, saying where
+        exc.soma_node = prog.ids[i]
+        raise
 
 
 def gather(prog: Program, i: int, vals: list[Any], value: Any) -> Any:
