@@ -44,6 +44,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-unauthenticated", type=int, default=None, metavar="N",
                         help="of which at most N still handshaking; the oldest makes room "
                              "for a newer one (default 16)")
+    parser.add_argument("--max-sessions", type=int, default=64, metavar="N",
+                        help="the most client sessions held at once, each with its catalog; "
+                             "the least recently used idle one makes room (default 64)")
+    parser.add_argument("--session-lease", type=float, default=86400.0, metavar="S",
+                        help="a session idle this long is let go, and its owner told so at "
+                             "its next slice (default 86400: a day)")
     parser.add_argument("--max-frame", type=int, default=None, metavar="BYTES",
                         help="the largest frame accepted (default 4 GiB)")
     parser.add_argument("--max-header", type=int, default=None, metavar="BYTES",
@@ -89,6 +95,10 @@ def main(argv: list[str] | None = None) -> int:
     if not 1 <= waiting <= most:
         parser.error(f"--max-unauthenticated is between 1 and --max-connections ({most}), "
                      f"not {waiting}")
+    if args.max_sessions < 1:
+        parser.error(f"--max-sessions is at least 1, not {args.max_sessions}")
+    if not args.session_lease > 0:
+        parser.error(f"--session-lease is a positive number of seconds, not {args.session_lease}")
     tls = _tls(parser, args.tls_cert, args.tls_key)
     log = None
     if args.log is not None:
@@ -96,19 +106,21 @@ def main(argv: list[str] | None = None) -> int:
             log = os.open(args.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         except OSError as exc:
             parser.error(f"--log {args.log}: {exc.strerror or exc}")
-    return _serve(host, port, token, tls, args.timeout, limits, log, (most, waiting), args.quiet)
+    return _serve(host, port, token, tls, args.timeout, limits, log, (most, waiting), args.quiet,
+                  (args.max_sessions, args.session_lease))
 
 
 def _serve(host: str, port: int, token: bytes | None, tls: Any, timeout: float, limits: Any,
            log: int | None = None, bounds: tuple[int, int] = (128, 16),
-           quiet: bool = False) -> int:
+           quiet: bool = False, sessions: tuple[int, float] = (64, 86400.0)) -> int:
     from .wire.server import Server, say
 
     say.routine_too = not quiet
     _die_with_parent()
     try:
         server = Server(host, port, token=token, tls=tls, timeout=timeout, limits=limits,
-                        max_connections=bounds[0], max_unauthenticated=bounds[1])
+                        max_connections=bounds[0], max_unauthenticated=bounds[1],
+                        max_sessions=sessions[0], session_lease=sessions[1])
     except OSError as exc:
         print(f"somatize.worker: cannot listen on {host}:{port}: {exc.strerror or exc}",
               file=sys.stderr)
@@ -125,8 +137,9 @@ def _serve(host: str, port: int, token: bytes | None, tls: Any, timeout: float, 
     # line may not read another, and a full pipe would stop the worker mid-slice.
     os.dup2(2, 1)
     say.routine("listening on %s (token: %s, tls: %s, at most %d peers at once, %d of them "
-        "unauthenticated)", server.address, "yes" if token else "no", "yes" if tls else "no",
-        server.max_connections, server.max_unauthenticated)
+        "unauthenticated; at most %d sessions, let go after %g s idle)", server.address,
+        "yes" if token else "no", "yes" if tls else "no", server.max_connections,
+        server.max_unauthenticated, sessions[0], sessions[1])
     if server.max_connections < bounds[0]:
         say("at most %d peers rather than the %d asked: the descriptor limit is %d (raise it "
             "with ulimit -n)", server.max_connections, bounds[0], server.descriptors)

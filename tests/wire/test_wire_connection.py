@@ -21,7 +21,7 @@ from wire_helpers import (  # noqa: F401  (a fixture)
 )
 from wire_nodes import Behind, Boom, Shout
 
-from somatize import Graph, NodeError, ProtocolError, WireError, Worker
+from somatize import Broker, Graph, NodeError, ProtocolError, WireError, Worker
 from somatize._errors import OutOfStep
 from somatize.wire.channel import Channel
 from somatize.wire.client import RemoteTraceback
@@ -184,7 +184,7 @@ class Forgery:
     """Frames an authenticated client could send: every kind, headers of any shape,
     and slices that are nearly right, so that most of them reach the walk."""
 
-    def __init__(self, st):
+    def __init__(self, st, session: bytes):
         scalars = (st.none() | st.booleans() | st.integers(-(2 ** 63), 2 ** 64 - 1)
                    | st.floats(allow_nan=True) | st.text(max_size=12) | st.binary(max_size=24))
         anything = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4)
@@ -198,23 +198,26 @@ class Forgery:
             "__soma_bytes__": st.integers(-2, 4) | anything,
             "__soma_tuple__": anything, "buffer": st.integers(-2, 4) | anything})
         given = st.dictionaries(st.sampled_from(["shout", "boom", "x"]), tree, max_size=2)
+        sessions = st.just(session) | st.binary(max_size=20) | anything
         nearly = st.fixed_dictionaries(
             {"n": names, "w": names, "f": st.binary(min_size=16, max_size=16),
-             "v": st.fixed_dictionaries({"i": tree}, optional={"g": given | anything})},
+             "v": st.fixed_dictionaries({"i": tree}, optional={"g": given | anything}),
+             "s": st.just(session) | st.just(session) | sessions},
             optional={"r": names | anything, "x": st.booleans() | anything,
                       "t": st.booleans() | anything})
-        wild = st.dictionaries(st.sampled_from(["n", "w", "f", "v", "r", "x", "t", "c", "kind"]),
-                               anything, max_size=5)
+        wild = st.dictionaries(st.sampled_from(["n", "w", "f", "v", "r", "x", "t", "c", "kind",
+                                                "s"]), anything | sessions, max_size=5)
         self.frame = st.one_of(
             st.tuples(st.just("slice"), nearly, st.lists(st.binary(max_size=64), max_size=3),
                       st.booleans()),
-            st.tuples(st.sampled_from(["slice", "catalog", "provision", "hello", "ok", "done",
-                                       "beat", "error", "refused", "proof"]),
+            st.tuples(st.sampled_from(["slice", "catalog", "provision", "end", "hello", "ok",
+                                       "done", "beat", "error", "refused", "proof"]),
                       wild, st.lists(st.binary(max_size=64), max_size=3), st.booleans()))
 
 
 SOMATIZE_ERRORS = {"NodeError", "DeclarationError", "EdgeError", "UnwritableError", "Lost",
-                   "ProtocolError", "CacheError", "OutOfStep", "NoGradient", "catalog"}
+                   "ProtocolError", "CacheError", "OutOfStep", "NoGradient", "catalog",
+                   "session"}
 
 
 @pytest.mark.slow
@@ -223,12 +226,12 @@ def test_fuzz_malformed_frames_from_an_authenticated_peer_are_answered_or_droppe
     st = hypothesis.strategies
     worker = standing("--timeout", "2")
     graph = Graph.somatize(Shout().at("w1") >> Boom().at("w1"))
-    with Worker.at(worker.addr, token=TOKEN) as w1:  # a catalog the forged slices can run
+    with Worker.at(worker.addr, token=TOKEN) as w1:  # a session the forged slices can run in
+        held = Broker({"w1": w1}).session()
         with pytest.raises(NodeError):
-            graph.forward("x", broker={"w1": w1})
-    catalog = authenticated(worker.addr)[3]["c"]  # the welcome says which it holds
+            graph.forward("x", broker=held)
     outcomes: dict[str, int] = {}
-    forgery = Forgery(st)
+    forgery = Forgery(st, held.id)
 
     @hypothesis.settings(max_examples=150, deadline=None, database=None,
                          suppress_health_check=list(hypothesis.HealthCheck))
@@ -237,8 +240,6 @@ def test_fuzz_malformed_frames_from_an_authenticated_peer_are_answered_or_droppe
         kind, header, buffers, sealed = frame
         sock, channel, _, _ = authenticated(worker.addr)
         try:
-            channel.send("catalog", {"c": catalog})
-            assert channel.recv().kind == "ok"
             try:
                 channel.send(kind, header, buffers, sealed=sealed)
             except ProtocolError:  # an int msgpack cannot carry: not a frame at all

@@ -109,7 +109,7 @@ def test_children_never_outlive_their_client(ending):
         import sys
         from somatize import Worker
         w = Worker.generic()
-        w._address("w1")
+        w.address("w1")
         print(w._child.pid, flush=True)
         sys.stdin.readline()
     """)

@@ -63,7 +63,8 @@ def test_an_oversized_frame_after_the_handshake_is_refused(standing):
 
 def test_a_replayed_frame_fails_its_mac(worker):
     sock, channel, _, _ = authenticated(worker.addr)
-    frame = b"".join(bytes(p) for p in encode("catalog", {"c": "sha256:none"}, [], channel.keyed))
+    frame = b"".join(bytes(p) for p in encode("catalog", {"c": "sha256:none", "s": bytes(16)}, [],
+                                              channel.keyed))
     sock.sendall(frame)
     assert channel.recv().kind == "need"  # the first time it is a request like any other
     sock.sendall(frame)

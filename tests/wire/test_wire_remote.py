@@ -144,7 +144,7 @@ def test_two_hosts_on_one_worker_get_one_catalog_the_union(standing):
         assert "connection" not in worker.log()  # staged: nothing sent yet
         assert g.forward(0, broker=broker) == 111
     log = worker.wait_log("closed by the client")
-    assert log.count("provisioned") == 1 and "holds add, add_3" in log, log
+    assert log.count("provisioned") == 1 and "add, add_3 (1 session held)" in log, log
 
 
 def test_hosts_at_one_address_share_a_wire_and_others_do_not(standing):

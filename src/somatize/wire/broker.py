@@ -4,41 +4,52 @@ The broker groups hosts by wire (two hosts declared with one Worker, or with two
 Workers at one address, are one place), provisions one catalog per wire — the
 whole graph's share of it, the union of its hosts — and runs slices on the wire's
 one connection. A host nobody listed is not an error until a slice needs it.
+
+What a worker holds belongs to a session (``Session``): a Trainer opens one of its
+own, and a graph runs in a session of its data form (the same in this process whichever
+broker reaches that worker). So two Trainers, two graphs, or two clients on one worker
+never see or replace each other's nodes.
 """
 
 from __future__ import annotations
 
+import secrets
 import weakref
 from typing import Any
 
 from .._dsl import is_host_name
 from .._errors import DeclarationError, Lost, UnwritableError, WireError
+from .._graph import made_from
 from .._slices import Backend, Outcome, Slice, listing
 from .._walk import LostValue
 from .catalog import catalog_id, pack_values, runtime_of
-from .client import Staged
+from .client import Request, Staged, Tenancy
 from .declare import Worker
 
-__all__ = ["Broker"]
+__all__ = ["Broker", "Session"]
 
 # Per data form of a graph (thrown away when the graph changes): each wire's catalog,
-# packed once. Re-pickling on every forward would cost a model's weights each time,
-# and bytes that differed by accident would replace a worker's live state.
+# packed once. Re-pickling on every forward would cost a model's weights each time.
 _packed: weakref.WeakKeyDictionary[Any, dict[Any, Staged]] = weakref.WeakKeyDictionary()
 _last: tuple[tuple, Broker] | None = None
+# Per data form of a graph: the id of the session it runs in, and what each wire holds
+# for it, whichever broker reaches that wire (a Worker declared again at the same
+# address is the same wire, and finds the graph's session there).
+_graphs: weakref.WeakKeyDictionary[Any, tuple[bytes, dict]] = weakref.WeakKeyDictionary()
 
 
 class Broker(Backend):
     """Where the hosts of a graph are: ``{host: Worker}``, resolved in this process.
     The walk's way to them: a ``Backend`` whose slices go over each host's wire, in
-    the order they were sent (a worker answers a connection's requests in turn)."""
+    the order they were sent (a worker answers a connection's requests in turn), each
+    in the session of the graph it is part of (``session`` opens one of its own)."""
 
     @property
     def ordered(self) -> bool:  # type: ignore[override]
         """Whether every host runs its slices in the order they were sent: yes over a
         socket (a connection is answered in turn) and over Ray (an actor runs one
         caller's calls in the order they were made)."""
-        return all(worker._link.sends_ahead() for worker in self._wires.values())
+        return all(worker.link.sends_ahead() for worker in self._wires.values())
 
     def __init__(self, listing: dict[str, Worker]):
         if not isinstance(listing, dict):
@@ -51,10 +62,11 @@ class Broker(Backend):
                     f"host {host!r} is listed as a {type(worker).__qualname__}; list a Worker, "
                     f"e.g. Worker.at('node3:7000')")
         self._listing = dict(listing)
-        self._provisioned: weakref.WeakKeyDictionary[Any, list] = weakref.WeakKeyDictionary()
+        self._stagings: weakref.WeakKeyDictionary[Any, list] = weakref.WeakKeyDictionary()
+        self._graphs: weakref.WeakKeyDictionary[Any, Session] = weakref.WeakKeyDictionary()
         # Every host of one wire goes through the first worker listed for it.
         first: dict[bytes, Worker] = {}
-        self._wires = {host: first.setdefault(worker._wire, worker) for host, worker in listing.items()}
+        self._wires = {host: first.setdefault(worker.wire, worker) for host, worker in listing.items()}
 
     @classmethod
     def embedded(cls, workers: dict[str, Worker]) -> Broker:
@@ -86,37 +98,34 @@ class Broker(Backend):
     def token_for(self, host: str) -> bytes | None:
         """What this host shares a wire with, or None for a host nobody listed."""
         worker = self._listing.get(host)
-        return None if worker is None else worker._wire
+        return None if worker is None else worker.wire
 
-    def provision(self, host: str, kind: str, id: str, blob: bytes, runtime: dict[str, Any]) -> None:
-        """Stages what the host's wire provisions the far side with. Nothing is sent
-        until a slice goes there, and then only if the worker says it lacks it."""
-        if not isinstance(blob, (bytes, bytearray)) or not isinstance(kind, str) or not isinstance(id, str):
-            raise TypeError("provision takes (host, kind: str, id: str, blob: bytes, runtime: dict)")
-        self._stage(host, Staged(catalog_id(kind, id, runtime), kind, id, bytes(blob), runtime))
+    def hosts(self) -> list[str]:
+        """The hosts this broker knows, in the order they were listed."""
+        return list(self._listing)
 
-    def _stage(self, host: str, staged: Staged) -> None:
-        link = self._wire_of(host)._link
-        if link.staged is None or link.staged.ident != staged.ident:
-            link.stage(staged)
-
-    def _wire_of(self, host: str) -> Worker:
+    def wire_of(self, host: str) -> Worker:
         """The one worker whose connection every host of this wire uses."""
         worker = self._wires.get(host)
         return worker if worker is not None else self.worker_for(host)
 
-    # -- the walk's side --------------------------------------------------------------
-    def prepare(self, data: Any) -> None:
-        """Stages the whole graph's catalog on every wire it uses: one per wire, with
-        the nodes of all its hosts. Hosts nobody listed are left to fail when needed."""
-        stagings = self._provisioned.get(data)
-        if stagings is None:  # once per data form of the graph, for this broker
-            stagings = self._provisioned[data] = self._stagings(data)
-        for worker, staged in stagings:
-            if worker._link.staged is not staged:
-                worker._link.stage(staged)
+    def session(self, keeps: bool = False) -> Session:
+        """A session of its own on every worker of this broker. ``keeps`` says that
+        what runs in it learns there (a Trainer's trainers): such a session, once it
+        has run, is never given its first catalog again, and a worker that lost it
+        says so (``StateLost``)."""
+        return Session(self, keeps)
 
-    def _stagings(self, data: Any) -> list[tuple[Worker, Staged]]:
+    def stagings(self, data: Any) -> list[tuple[Worker, Staged]]:
+        """The catalog each wire a graph uses is provisioned with: the nodes of all
+        its hosts, packed once per data form of the graph. Hosts nobody listed are
+        left to fail when a slice needs them."""
+        found = self._stagings.get(data)
+        if found is None:
+            found = self._stagings[data] = self._stage_all(data)
+        return found
+
+    def _stage_all(self, data: Any) -> list[tuple[Worker, Staged]]:
         wires: dict[bytes, list[str]] = {}
         for host in dict.fromkeys(data.hosts.values()):
             token = self.token_for(host)
@@ -125,48 +134,114 @@ class Broker(Backend):
         cache = _packed.setdefault(data, {})
         stagings = []
         for token, hosts in wires.items():
-            worker = self._wire_of(hosts[0])
+            worker = self.wire_of(hosts[0])
             key = (token, worker.mode, worker.send, frozenset(hosts))
             staged = cache.get(key)
             if staged is None:
-                staged = cache[key] = self._pack(data, worker, set(hosts))
+                staged = cache[key] = _pack(data, worker, set(hosts))
             stagings.append((worker, staged))
         return stagings
 
-    @staticmethod
-    def _pack(data: Any, worker: Worker, hosts: set[str]) -> Staged:
-        here = {n for n, h in data.hosts.items() if h in hosts}
-        kind, blob_id, blob = worker.packed({n: data.impls[n] for n in data.ids if n in here})
-        runtime = runtime_of(data, here)
-        return Staged(catalog_id(kind, blob_id, runtime), kind, blob_id, blob, runtime)
+    # -- the walk's side: each graph in a session of its own ---------------------------
+    def _of(self, data: Any) -> Session:
+        found = self._graphs.get(data)
+        if found is None:
+            owned = _graphs.get(data)
+            if owned is None:
+                owned = _graphs[data] = (secrets.token_bytes(16), {})
+            found = self._graphs[data] = Session(self, keeps=False, owned=owned)
+        return found
+
+    def prepare(self, data: Any) -> None:
+        """Stages the whole graph's catalog on every wire it uses, in the graph's own
+        session: nothing is sent until a slice goes there, and then only if the
+        worker says it lacks it."""
+        self._of(data).prepare(data)
 
     def run(self, piece: Slice) -> Outcome:
         """Runs one slice on its host in one round trip."""
-        worker, args = self._request(piece)
-        return worker._link.run(*args)
+        return self._of(piece.data).run(piece)
 
     def submit(self, piece: Slice) -> Any:
         """Sends one slice now and answers a pending Outcome (``result()``), read when
         asked: a wave over many hosts costs one wait, not one round trip per host, and
         a pipeline runs its next piece here while this one is out."""
-        worker = self._wire_of(piece.host)
-        if not worker._link.sends_ahead():
-            return super().submit(piece)
-        worker, args = self._request(piece)
-        return worker._link.submit(*args)
+        return self._of(piece.data).submit(piece)
 
-    def _request(self, piece: Slice) -> tuple[Worker, tuple]:
-        """The wire a slice goes over, and what its link is handed to send it."""
+    def __repr__(self) -> str:
+        return f"Broker({self._listing!r})"
+
+
+def _pack(data: Any, worker: Worker, hosts: set[str]) -> Staged:
+    here = {n for n, h in data.hosts.items() if h in hosts}
+    kind, blob_id, blob = worker.packed({n: data.impls[n] for n in data.ids if n in here})
+    runtime = runtime_of(data, here)
+    nodes = tuple(dict.fromkeys(made_from(n) for n in data.ids if n in here))
+    return Staged(catalog_id(kind, blob_id, runtime), kind, blob_id, blob, runtime, nodes)
+
+
+class Session(Backend):
+    """One owner's state on the workers of a broker, kept apart from everybody
+    else's: a random id, a catalog per wire, and what each worker is known to hold.
+    A backend of its own, so whoever drives a graph in pieces hands it to the walk."""
+
+    def __init__(self, broker: Broker, keeps: bool = False,
+                 owned: tuple[bytes, dict[bytes, Tenancy]] | None = None):
+        self.broker, self.keeps = broker, keeps
+        self.id, self._tenancies = owned if owned is not None else (secrets.token_bytes(16), {})
+
+    @property
+    def ordered(self) -> bool:  # type: ignore[override]
+        return self.broker.ordered
+
+    def session(self, keeps: bool = False) -> Session:
+        """Another session on the same workers (sessions do not nest)."""
+        return self.broker.session(keeps)
+
+    def _tenancy(self, worker: Worker) -> Tenancy:
+        found = self._tenancies.get(worker.wire)
+        if found is None:
+            found = self._tenancies[worker.wire] = Tenancy(self.id, self.keeps)
+        return found
+
+    def prepare(self, data: Any) -> None:
+        """Stages the graph's catalog for this session on every wire it uses."""
+        for worker, staged in self.broker.stagings(data):
+            tenancy = self._tenancy(worker)
+            if tenancy.staged is not staged:
+                tenancy.staged = staged
+
+    def run(self, piece: Slice) -> Outcome:
+        worker, request = self._request(piece)
+        return worker.link.run(request)
+
+    def submit(self, piece: Slice) -> Any:
+        worker = self.broker.wire_of(piece.host)
+        if not worker.link.sends_ahead():
+            return super().submit(piece)
+        worker, request = self._request(piece)
+        return worker.link.submit(request)
+
+    def close(self) -> None:
+        """Tells every worker this session ran on to let go of it now."""
+        for worker in dict.fromkeys(self.broker.wire_of(h) for h in self.broker.hosts()):
+            tenancy = self._tenancies.get(worker.wire)
+            if tenancy is not None:
+                worker.link.end(tenancy)
+
+    def _request(self, piece: Slice) -> tuple[Worker, Request]:
+        """The wire a slice goes over, and the request its link sends."""
         host, data = piece.host, piece.data
-        worker = self._wire_of(host)
-        if worker._link.staged is None:
+        worker = self.broker.wire_of(host)
+        tenancy = self._tenancy(worker)
+        if tenancy.staged is None:
             self.prepare(data)
         values: dict[str, Any] = {}
         refs: list[str] = []
         for pred, value in piece.given.items():
             if type(value) is LostValue:
-                if self.token_for(value.host) != worker._wire:
-                    raise self._stranded(data, pred, value, piece.nodes, host)
+                if self.broker.token_for(value.host) != worker.wire:
+                    raise _stranded(data, pred, value, piece.nodes, host)
                 refs.append(pred)
             else:
                 values[pred] = value
@@ -184,20 +259,21 @@ class Broker(Backend):
             if refused:
                 raise UnwritableError(f"the input cannot travel to host {host!r}: {refused['i']}")
             tree.update(packed)
-        return worker, (host, list(piece.nodes), tree, buffers, refs, list(piece.wanted),
-                        piece.watching, piece.forward, piece.transposed)
-
-    @staticmethod
-    def _stranded(data: Any, pred: str, value: LostValue, nodes: Any, host: str) -> Lost:
-        readers = [n for n in nodes if pred in data.preds[n]]
-        return Lost(
-            f"node {readers[0] if readers else nodes[0]!r} on host {host!r} reads the output "
-            f"of {pred!r}, which stayed on host {value.host!r}: {value.why}. Place them on "
-            f"one worker, or make {pred!r} answer with something that can travel",
-            node=pred, host=value.host)
+        return worker, Request(tenancy, host, list(piece.nodes), tree, buffers, refs,
+                               list(piece.wanted), piece.watching, piece.forward,
+                               piece.transposed)
 
     def __repr__(self) -> str:
-        return f"Broker({self._listing!r})"
+        return f"Session({self.id.hex()[:12]} on {self.broker!r}{', keeps state' if self.keeps else ''})"
+
+
+def _stranded(data: Any, pred: str, value: LostValue, nodes: Any, host: str) -> Lost:
+    readers = [n for n in nodes if pred in data.preds[n]]
+    return Lost(
+        f"node {readers[0] if readers else nodes[0]!r} on host {host!r} reads the output "
+        f"of {pred!r}, which stayed on host {value.host!r}: {value.why}. Place them on "
+        f"one worker, or make {pred!r} answer with something that can travel",
+        node=pred, host=value.host)
 
 
 listing(Worker, Broker.embedded)  # forward(broker={"gpu": Worker.at(...)}) means this

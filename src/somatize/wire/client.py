@@ -20,38 +20,92 @@ from typing import Any
 
 from .. import _errors
 from .._slices import Outcome
-from .._errors import Lost, NodeError, ProtocolError, Silent, Unauthorised, UnwritableError, WireError
+from .._errors import (DeclarationError, Lost, NodeError, ProtocolError, Silent, StateLost,
+                       Unauthorised, UnwritableError, WireError)
 from .catalog import unpack_values
 from .channel import Channel, Closed
 from .protocol import HANDSHAKE, VERSION, Keyed, derive_key, new_nonce, proof, connection_key
 
-__all__ = ["Link", "Outcome", "Pending", "RemoteTraceback", "Staged", "slice_header"]
-
-
-def slice_header(nodes: list[str], tree: Any, refs: list[str], wanted: list[str], watching: bool,
-                 forward: str | None, transposed: bool) -> dict[str, Any]:
-    """The header of a slice request, whichever transport carries it; what is off is
-    left out, so the common request stays small."""
-    header: dict[str, Any] = {"f": bytes.fromhex(forward) if forward else bytes(16),
-                              "n": nodes, "w": wanted, "v": tree}
-    if refs:
-        header["r"] = refs
-    if watching:
-        header["x"] = True
-    if transposed:
-        header["t"] = True
-    return header
+__all__ = ["Link", "Outcome", "Pending", "RemoteTraceback", "Request", "Staged", "Tenancy",
+           "state_lost"]
 
 
 @dataclass(frozen=True)
 class Staged:
-    """A catalog waiting to be sent, if and when the far side asks for it."""
+    """A catalog waiting to be sent, if and when the far side asks for it; ``nodes``
+    are the user's ids of what it holds, to name them when its state is lost."""
 
     ident: str
     kind: str
     blob_id: str
     blob: bytes
     runtime: dict[str, Any]
+    nodes: tuple[str, ...] = ()
+
+
+@dataclass(eq=False)
+class Tenancy:
+    """One client session on one wire, as this client knows it: its id, whether its
+    owner keeps state there (a Trainer's trainers), the catalog staged for it, and
+    what the worker was last known to hold for it (which catalog, in which process,
+    and whether a slice has run there since)."""
+
+    session: bytes
+    keeps: bool = False
+    staged: Staged | None = None
+    declared: str | None = None
+    instance: str | None = None
+    live: bool = False
+
+    def declared_in(self, instance: str | None) -> bool:
+        """Whether the worker process ``instance`` holds this session's staged catalog."""
+        return (self.staged is None or
+                (self.declared == self.staged.ident and self.instance == instance))
+
+
+@dataclass(slots=True)
+class Request:
+    """One slice to send, whichever transport carries it: which session it runs in,
+    the host and its nodes, the values' trees and buffers, what stayed there that it
+    reads (``refs``), what is wanted back, whether it is watched, which forward it is
+    part of, and whether it walks its nodes back."""
+
+    tenancy: Tenancy
+    host: str
+    nodes: list[str]
+    tree: Any
+    buffers: list[Any]
+    refs: list[str]
+    wanted: list[str]
+    watching: bool
+    forward: str | None
+    transposed: bool = False
+
+    def header(self) -> dict[str, Any]:
+        """The slice's request header; what is off is left out, so the common request
+        stays small."""
+        header: dict[str, Any] = {"f": bytes.fromhex(self.forward) if self.forward else bytes(16),
+                                  "n": self.nodes, "w": self.wanted, "v": self.tree,
+                                  "s": self.tenancy.session}
+        if self.refs:
+            header["r"] = self.refs
+        if self.watching:
+            header["x"] = True
+        if self.transposed:
+            header["t"] = True
+        return header
+
+
+def state_lost(host: str, where: str, tenancy: Tenancy, why: str) -> StateLost:
+    """The error for a session whose state on a worker is gone, naming what was there."""
+    nodes = tenancy.staged.nodes if tenancy.staged is not None else ()
+    held = ", ".join(map(repr, nodes)) or "its nodes"
+    return StateLost(
+        f"host {host!r} ({where}) no longer holds what {held} learnt there: {why}. Their "
+        "weights, optimizer state and open groups lived only there, and this client will "
+        "not start them again from its own first copy; resume from a checkpoint "
+        "(Trainer.resume(store, name)), which starts the session afresh and restores them",
+        host=host, nodes=list(nodes))
 
 
 class RemoteTraceback(Exception):
@@ -80,15 +134,17 @@ class Pending:
     the slices sent before it on the same wire, which come first) and answers the
     Outcome, or raises what went wrong, naming the host."""
 
-    __slots__ = ("args", "error", "host", "link", "nodes", "outcome", "sent", "settled",
-                 "took_sent", "watching")
+    __slots__ = ("args", "error", "host", "link", "nodes", "outcome", "sent", "sent_at",
+                 "settled", "tenancy", "took_sent", "watching")
 
-    def __init__(self, link: Link, host: str, nodes: list[str], watching: bool, args: tuple):
-        self.link, self.host, self.nodes, self.watching, self.args = link, host, nodes, watching, args
+    def __init__(self, link: Link, request: Request, args: tuple | None):
+        self.link, self.host, self.nodes = link, request.host, request.nodes
+        self.watching, self.tenancy, self.args = request.watching, request.tenancy, args
         self.settled = False
         self.outcome: Outcome | None = None
         self.error: BaseException | None = None
         self.sent = self.took_sent = 0
+        self.sent_at = 0.0  # time.monotonic() when it went out, for a call's deadline
 
     def done(self) -> bool:
         return self.settled
@@ -104,20 +160,20 @@ class Pending:
 class Link:
     """One connection to one worker. Requests go out in order, and may go out before
     the answers to earlier ones are read (a pipeline, a fan-out): the worker answers
-    them in the order it got them, so ``inflight`` is read oldest first."""
+    them in the order it got them, so ``inflight`` is read oldest first.
+
+    What a session holds on the worker outlives a connection: a connection dropped and
+    opened again to the same worker process finds it there, and one to another process
+    (the worker restarted) finds it gone, which is said for a session that keeps state
+    and re-provisioned for one that does not."""
 
     def __init__(self, worker: Any):
         self.worker = worker
         self.channel: Channel | None = None
         self.lock = threading.Lock()
-        self.staged: Staged | None = None
-        self.declared: str | None = None  # the catalog this connection runs against
-        self.instance: str | None = None
+        self.instance: str | None = None  # the worker process the connection reaches
         self.inflight: collections.deque[Pending] = collections.deque()
         self._sending = False
-
-    def stage(self, staged: Staged) -> None:
-        self.staged = staged
 
     def sends_ahead(self) -> bool:
         """Whether ``submit`` may send now and read later, keeping the order slices were
@@ -125,12 +181,9 @@ class Link:
         return type(self).run is Link.run
 
     # -- a slice --------------------------------------------------------------------
-    def run(self, host: str, nodes: list[str], tree: Any, buffers: list[Any], refs: list[str],
-            wanted: list[str], watching: bool, forward: str | None,
-            transposed: bool = False) -> Outcome:
+    def run(self, request: Request) -> Outcome:
         """Runs one slice there and answers with what came back."""
-        pending = self._pending(host, nodes, tree, buffers, refs, wanted, watching, forward,
-                                transposed)
+        pending = Pending(self, request, (request.header(), request.buffers))
         with self.lock:  # sent and read under one hold of the lock: the common case
             self._send(pending, retry=True)
             while not pending.settled:
@@ -139,21 +192,12 @@ class Link:
             raise pending.error
         return pending.outcome
 
-    def submit(self, host: str, nodes: list[str], tree: Any, buffers: list[Any], refs: list[str],
-               wanted: list[str], watching: bool, forward: str | None,
-               transposed: bool = False) -> Pending:
+    def submit(self, request: Request) -> Pending:
         """Sends one slice now; its answer is read by the ``Pending``'s ``result()``."""
-        pending = self._pending(host, nodes, tree, buffers, refs, wanted, watching, forward,
-                                transposed)
+        pending = Pending(self, request, (request.header(), request.buffers))
         with self.lock:
             self._send(pending, retry=True)
         return pending
-
-    def _pending(self, host: str, nodes: list[str], tree: Any, buffers: list[Any],
-                 refs: list[str], wanted: list[str], watching: bool, forward: str | None,
-                 transposed: bool) -> Pending:
-        header = slice_header(nodes, tree, refs, wanted, watching, forward, transposed)
-        return Pending(self, host, nodes, watching, (header, buffers))
 
     def _send(self, pending: Pending, retry: bool) -> None:
         """Sends a slice (under the lock), reading earlier answers meanwhile where the
@@ -162,9 +206,9 @@ class Link:
         header, buffers = pending.args
         for attempt in (0, 1):
             fresh = self._open(host)
-            if self.staged is not None and self.declared != self.staged.ident:
+            if not pending.tenancy.declared_in(self.instance):
                 self._settle_all()  # a catalog's round trip comes after what is out
-                self._declare(host)
+                self._declare(host, pending.tenancy)
             if self.inflight and not self.channel.duplex:
                 self._settle_all()  # TLS cannot read while it sends: no overlap there
             began = time.perf_counter_ns()
@@ -185,6 +229,7 @@ class Link:
             finally:
                 self._sending = False
             pending.sent, pending.took_sent = sent, (time.perf_counter_ns() - began) // 1000
+            pending.sent_at = time.monotonic()
             self.inflight.append(pending)
             return
 
@@ -211,16 +256,24 @@ class Link:
         owed = list(self.inflight)
         pending = owed[0]
         host, nodes = pending.host, pending.nodes
+        deadline = self.worker.deadline
+        until = pending.sent_at + deadline if deadline is not None else None
         try:
-            reply = self._answer(host, f"while running slice {nodes}")
+            reply = self._answer(host, f"while running slice {nodes}", until, nodes)
         except BaseException as exc:  # the connection is gone: so is every answer owed
             self.inflight.clear()
             for each in owed:
                 self._settle(each, None, exc)
             raise
         self.inflight.popleft()
-        if reply.kind == "need":  # somebody replaced the catalog meanwhile
-            self.declared = None
+        tenancy = pending.tenancy
+        if reply.kind == "need":  # the worker holds the session no more
+            tenancy.declared = None
+            if tenancy.keeps and tenancy.live:
+                self._settle(pending, None, state_lost(
+                    host, self.worker.where(host), tenancy,
+                    reply.header.get("gone") or "the worker let go of its session"))
+                return
             if not self.inflight and pending.args is not None and not self._sending:
                 # alone on the wire: declared again and sent once more
                 try:
@@ -230,9 +283,10 @@ class Link:
                 pending.args = None  # no third time
                 return
             self._settle(pending, None, WireError(
-                f"host {host!r}: the worker's catalog keeps changing under this client; is "
-                "another client using it with another graph?", host=host))
+                f"host {host!r}: the worker keeps letting go of this client's session "
+                f"({reply.header.get('gone') or 'no reason given'})", host=host))
             return
+        tenancy.live = True  # it ran there, whatever it answered
         try:
             outcome = self._outcome(host, nodes, reply, pending.sent, pending.took_sent,
                                     pending.watching)
@@ -312,26 +366,50 @@ class Link:
         return exc
 
     # -- the catalog ----------------------------------------------------------------
-    def _declare(self, host: str) -> None:
-        """Makes sure the worker runs this connection's slices against our catalog,
-        sending it only if the worker says it does not hold it."""
-        staged = self.staged
-        if staged is None or self.declared == staged.ident:
-            return
-        self._request(host, "catalog", {"c": staged.ident})
+    def _declare(self, host: str, tenancy: Tenancy) -> None:
+        """Makes sure the worker holds this session's catalog, sending it only if the
+        worker says it lacks it. A session that keeps state and has run is never
+        handed its first copy again: that it is gone is said (``StateLost``)."""
+        staged = tenancy.staged
+        where = self.worker.where(host)
+        if tenancy.keeps and tenancy.live and tenancy.instance not in (None, self.instance):
+            raise state_lost(host, where, tenancy, f"the worker restarted (it was process "
+                             f"{tenancy.instance[:12]}, and is {str(self.instance)[:12]} now)")
+        head = {"c": staged.ident, "s": tenancy.session}
+        self._request(host, "catalog", head)
         reply = self._answer(host, "while checking its catalog")
         if reply.kind == "need":
-            self._request(host, "provision", {"c": staged.ident, "kind": staged.kind,
-                                              "r": staged.runtime}, [staged.blob], sealed=True)
+            if tenancy.keeps and tenancy.live:
+                raise state_lost(host, where, tenancy, reply.header.get("gone")
+                                 or "the worker holds its session no more")
+            self._request(host, "provision", {**head, "kind": staged.kind, "r": staged.runtime,
+                                              "k": tenancy.keeps}, [staged.blob], sealed=True)
             reply = self._answer(host, "while receiving its catalog")
         if reply.kind == "error":
             raise self._catalog_refused(host, reply.header, staged)
         if reply.kind != "ok":
             self._drop()
             raise ProtocolError(f"host {host!r} answered a catalog with {reply.kind!r}", host=host)
-        self.declared = staged.ident
+        tenancy.declared, tenancy.instance = staged.ident, self.instance
+
+    def end(self, tenancy: Tenancy) -> None:
+        """Tells the worker its owner is done with this session, so what it holds goes
+        now rather than at its lease; nothing is said if the worker is gone or busy."""
+        with self.lock:
+            if (self.channel is None or self.inflight or tenancy.declared is None
+                    or tenancy.instance != self.instance):
+                return
+            tenancy.declared = None
+            try:
+                self._request("", "end", {"s": tenancy.session})
+                self._answer("", "while ending a session")
+            except WireError:
+                pass
 
     def _catalog_refused(self, host: str, head: dict[str, Any], staged: Staged) -> WireError:
+        if head.get("e") == "session":
+            return DeclarationError(f"host {host!r} ({self.worker.where(host)}) refused the "
+                                    f"catalog: {head.get('m')}")
         module = head.get("module")
         hint = ""
         if module:
@@ -346,7 +424,7 @@ class Link:
 
     def _too_large(self, host: str, what: str, exc: ProtocolError) -> ProtocolError:
         return ProtocolError(
-            f"host {host!r} ({self.worker._where(host)}) cannot take {what}: {exc}; start the "
+            f"host {host!r} ({self.worker.where(host)}) cannot take {what}: {exc}; start the "
             "worker with a larger --max-frame (or send less at once)", host=host)
 
     # -- the connection -------------------------------------------------------------
@@ -357,8 +435,8 @@ class Link:
                 return False
             self._drop()
         worker = self.worker
-        address = worker._address(host)
-        where = worker._where(host)
+        address = worker.address(host)
+        where = worker.where(host)
         try:
             sock = socket.create_connection(address, timeout=worker.timeout)
         except TimeoutError:
@@ -385,7 +463,7 @@ class Link:
 
     def _tls(self, host: str, sock: socket.socket, name: str) -> ssl.SSLSocket:
         """``sock`` wrapped in TLS, the worker's certificate checked against ``name``."""
-        where = self.worker._where(host)
+        where = self.worker.where(host)
         try:
             return self.worker.tls.wrap_socket(sock, server_hostname=name)
         except ssl.SSLCertVerificationError as exc:
@@ -404,7 +482,7 @@ class Link:
 
     def _handshake(self, host: str) -> None:
         """We prove we hold the token, then the worker does: see docs/wire.md."""
-        channel, token, where = self.channel, self.worker.token, self.worker._where(host)
+        channel, token, where = self.channel, self.worker.token, self.worker.where(host)
         deadline = time.monotonic() + self.worker.timeout
         client_nonce = new_nonce()
         self._request(host, "hello", {"v": VERSION, "n": client_nonce, "t": self.worker.timeout,
@@ -450,7 +528,6 @@ class Link:
         most = welcome.header.get("f")
         channel.most = most if type(most) is int and most > 0 else None
         self.instance = welcome.header.get("i")
-        self.declared = None
 
     def _greeting(self, host: str, deadline: float) -> Any:
         """The worker's answer to our hello; silence and a close are named here, since
@@ -472,14 +549,14 @@ class Link:
             welcome = self.channel.recv(HANDSHAKE, deadline=deadline, refusal_ok=True)
         except ProtocolError as exc:
             self._drop()
-            raise Unauthorised(f"host {host!r} ({self.worker._where(host)}) answered our proof "
+            raise Unauthorised(f"host {host!r} ({self.worker.where(host)}) answered our proof "
                                f"with a frame that does not prove it knows our token ({exc})",
                                host=host) from None
         except (TimeoutError, OSError) as exc:
             raise self._translated(host, "while greeting it", exc) from None
         if welcome.kind == "refused":
             self._drop()
-            raise Unauthorised(f"host {host!r} ({self.worker._where(host)}) refused us: "
+            raise Unauthorised(f"host {host!r} ({self.worker.where(host)}) refused us: "
                                f"{welcome.header.get('why')}; give both ends the same "
                                "SOMATIZE_TOKEN", host=host)
         if welcome.kind != "welcome":
@@ -507,16 +584,31 @@ class Link:
         except OSError as exc:
             raise self._broken(host, f"while sending {kind!r}", exc) from None
 
-    def _answer(self, host: str, doing: str) -> Any:
-        """The next frame that is not a heartbeat; a silence past the timeout is Silent."""
+    def _answer(self, host: str, doing: str, until: float | None = None,
+                nodes: Any = None) -> Any:
+        """The next frame that is not a heartbeat; a silence past the timeout is Silent,
+        and no answer by ``until`` (a call's deadline, a ``time.monotonic()``) is a
+        WireError naming the slice's ``nodes``, the connection dropped with it."""
         channel = self.channel
         try:
             while True:
-                frame = channel.recv()
+                if until is None:
+                    frame = channel.recv()
+                else:
+                    frame = channel.recv(deadline=min(until, time.monotonic() + self.worker.timeout))
                 if frame.kind != "beat":
                     return frame
         except (TimeoutError, ProtocolError, OSError) as exc:
+            if until is not None and isinstance(exc, TimeoutError) and time.monotonic() >= until:
+                self._drop()
+                raise WireError(
+                    f"host {host!r} ({self.worker.where(host)}): slice {nodes} did not answer "
+                    f"within its deadline of {self.worker.deadline:g} s (Worker(..., deadline=)); "
+                    "the worker may still be computing it, and serves on", host=host) from None
             raise self._translated(host, doing, exc) from None
+        finally:
+            if until is not None and self.channel is channel:
+                channel.sock.settimeout(self.worker.timeout)
 
     def _translated(self, host: str, doing: str, exc: BaseException) -> WireError:
         """What a failure to read from the worker is called, naming the host."""
@@ -524,14 +616,14 @@ class Link:
             return self._silent(host, doing)
         if isinstance(exc, ProtocolError):
             self._drop()
-            return ProtocolError(f"host {host!r} ({self.worker._where(host)}): {exc}", host=host)
+            return ProtocolError(f"host {host!r} ({self.worker.where(host)}): {exc}", host=host)
         return self._broken(host, doing, exc)
 
     def _silent(self, host: str, doing: str) -> Silent:
         self._drop()
         timeout = self.worker.timeout
         return Silent(
-            f"host {host!r} ({self.worker._where(host)}) said nothing, not even a heartbeat, "
+            f"host {host!r} ({self.worker.where(host)}) said nothing, not even a heartbeat, "
             f"for {timeout:g} s {doing}: it is stopped, overloaded or unreachable. If it is "
             "only slow, raise the timeout (Worker.at(..., timeout=) or SOMATIZE_TIMEOUT)",
             host=host)
@@ -539,14 +631,13 @@ class Link:
     def _broken(self, host: str, doing: str, exc: BaseException, hint: str = "") -> WireError:
         self._drop()
         return WireError(
-            f"host {host!r} ({self.worker._where(host)}) closed the connection {doing}: the "
+            f"host {host!r} ({self.worker.where(host)}) closed the connection {doing}: the "
             f"worker died or dropped us ({exc}){hint or '; its log says why'}", host=host)
 
     def _drop(self) -> None:
         channel, self.channel = self.channel, None
-        self.declared = None
         if self.inflight:
-            where = self.worker._where(self.inflight[0].host)
+            where = self.worker.where(self.inflight[0].host)
             self._fail_inflight(WireError(
                 f"host {self.inflight[0].host!r} ({where}): the connection was dropped before "
                 "this slice was answered", host=self.inflight[0].host))

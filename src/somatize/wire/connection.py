@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._errors import ProtocolError
 from .channel import Channel, Closed
-from .host import Holding, answer, failed, provisioned, refused_catalog, short
+from .host import Holding, Refused, answer, failed, provisioned, refused_catalog, short
 from .log import quoted, say
 from .protocol import (
     HANDSHAKE,
@@ -50,7 +50,6 @@ class Connection:
         self.name = f"connection {number} from {self.peer}"
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.channel = Channel(sock, server.limits)
-        self.catalog: str | None = None  # the catalog this client said it runs against
         self.holding = Holding()  # what stayed here for this client's forward
         self.busy_since: float | None = None
         self.interval = 1.0
@@ -158,8 +157,7 @@ class Connection:
             welcome["p"] = proof(key, b"worker", client_nonce, worker_nonce)
         if type(most) is int and most > 0:  # said before it proved anything: it only limits us
             channel.most = most
-        current = self.server.current()
-        welcome.update(c=current[0] if current else None, i=self.server.instance)
+        welcome["i"] = self.server.instance
         return welcome
 
     def _greeted(self) -> Any:
@@ -200,6 +198,7 @@ class Connection:
     def _serve(self) -> None:
         handlers: dict[str, Callable[[Any], None]] = {
             "catalog": self._on_catalog, "provision": self._on_provision, "slice": self._on_slice,
+            "end": self._on_end,
         }
         while True:
             frame = self.channel.recv(patient=True)
@@ -210,18 +209,31 @@ class Connection:
             frame = handler = None  # let its buffers go before the next one is read
 
     def _on_catalog(self, frame: Any) -> None:
-        wanted = frame.header.get("c")
-        current = self.server.current()
-        if current is not None and current[0] == wanted:
-            self.catalog = wanted
+        """Whether this worker holds the catalog a session names: ``ok``, or ``need``
+        (with why the session is gone, where it was held), or a refusal."""
+        session, wanted = _session_of(frame), frame.header.get("c")
+        sessions = self.server.sessions
+        try:
+            sessions.admits(session, wanted)
+        except Refused as exc:
+            self._refuse_session(exc)
+            return
+        tenant, gone = sessions.lookup(session)
+        if tenant is not None and tenant.catalog == wanted:
             self.channel.send("ok")
         else:
-            self.channel.send("need", {"c": current[0] if current else None})
+            self.channel.send("need", {"gone": gone} if gone and tenant is None else {})
 
     def _on_provision(self, frame: Any) -> None:
         head = frame.header
+        session = _session_of(frame)
         if self.server.token is not None and not frame.sealed:
             raise ProtocolError("a catalog that is not sealed on an authenticated connection")
+        try:  # refused before anything is unpickled
+            self.server.sessions.admits(session, head.get("c"))
+        except Refused as exc:
+            self._refuse_session(exc)
+            return
         began = time.perf_counter()
         self.busy_since = time.monotonic()
         try:
@@ -233,11 +245,23 @@ class Connection:
             self._refuse_catalog(exc)
             return
         self.busy_since = None
-        self.server.install(head["c"], graph)
-        self.catalog = head["c"]
-        say.routine("%s: provisioned %s (%d bytes) in %.1f ms", self.name, short(self.catalog),
-                    len(frame.buffers[0]), (time.perf_counter() - began) * 1e3)
+        try:
+            self.server.sessions.install(session, head["c"], graph, bool(head.get("k")))
+        except Refused as exc:
+            self._refuse_session(exc)
+            return
+        say.routine("%s: provisioned %s for session %s (%d bytes) in %.1f ms", self.name,
+                    short(head["c"]), session.hex()[:12], len(frame.buffers[0]),
+                    (time.perf_counter() - began) * 1e3)
         self.channel.send("ok")
+
+    def _on_end(self, frame: Any) -> None:
+        self.server.sessions.end(_session_of(frame))
+        self.channel.send("ok")
+
+    def _refuse_session(self, exc: Refused) -> None:
+        say("%s: refused: %s", self.name, exc)
+        self.channel.send("error", {"e": "session", "m": str(exc)})
 
     def _refuse_catalog(self, exc: Exception) -> None:
         header, text = refused_catalog(exc)
@@ -249,8 +273,7 @@ class Connection:
         nodes = frame.header.get("n")
         self.busy_since = time.monotonic()  # a codec's first use may import it (torch: seconds)
         try:
-            reply = answer(self.server.shelf, self.catalog, frame.header, frame.buffers,
-                           self.holding)
+            reply = answer(self.server.sessions, frame.header, frame.buffers, self.holding)
         finally:
             self.busy_since = None
         frame = None  # let its buffers go before the answer is sent
@@ -268,6 +291,14 @@ class Connection:
         if reply.kind == "done":
             say.routine("%s: slice %s ran in %.1f ms, answered %d bytes", self.name, nodes,
                         (time.perf_counter() - began) * 1e3, size)
+
+
+def _session_of(frame: Any) -> bytes:
+    """The session a request names; a request naming none is not one of ours."""
+    session = frame.header.get("s")
+    if type(session) is not bytes or not 0 < len(session) <= 64:
+        raise ProtocolError(f"a {frame.kind!r} frame without its session")
+    return session
 
 
 def _mismatch(version: Any) -> str:

@@ -68,6 +68,17 @@ def _timeout(timeout: Any) -> float:
 checked_timeout = _timeout  # for the workers of other transports
 
 
+def checked_deadline(deadline: Any) -> float | None:
+    """A per-call deadline in seconds, or None for none (the default: a slice may
+    compute for hours while the worker says it is alive)."""
+    if deadline is None:
+        return None
+    if isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or not deadline > 0:
+        raise DeclarationError(f"a worker's deadline is a positive number of seconds (or None "
+                               f"for none), not {deadline!r}")
+    return float(deadline)
+
+
 def _token(token: Any) -> bytes | None:
     if token is None:
         token = os.environ.get("SOMATIZE_TOKEN") or None
@@ -141,13 +152,19 @@ class Worker:
     travel); ``"network"`` sends the code as well, and ``send=["my_package"]`` makes
     those modules travel by value. ``send`` without ``"network"`` is refused, since
     it would silently do nothing.
+
+    ``timeout`` bounds a silence (no answer and no heartbeat), so a slice may compute
+    for hours; ``deadline`` (off by default) bounds each call in all, past which it is
+    a ``WireError`` naming the host and the nodes, and the worker serves on.
     """
 
     def __init__(self, target: str | list[str], mode: str = "project", send: Sequence[str] = (),
                  *, token: str | bytes | None = None, tls: Any = None,
-                 timeout: float | None = None, limits: Limits | None = None):
+                 timeout: float | None = None, limits: Limits | None = None,
+                 deadline: float | None = None):
         self.mode, self.send = checked_mode(mode, send)
         self.timeout = _timeout(timeout)
+        self.deadline = checked_deadline(deadline)
         self.limits = limits or Limits()
         self._child: subprocess.Popen | None = None
         self._listening: tuple[str, int] | None = None
@@ -173,14 +190,14 @@ class Worker:
     @classmethod
     def at(cls, addr: str, mode: str = "project", send: Sequence[str] = (), *,
            token: str | bytes | None = None, tls: Any = None,
-           timeout: float | None = None) -> Worker:
+           timeout: float | None = None, deadline: float | None = None) -> Worker:
         """A worker already standing at ``addr``; the token defaults to SOMATIZE_TOKEN."""
-        return cls(addr, mode, send, token=token, tls=tls, timeout=timeout)
+        return cls(addr, mode, send, token=token, tls=tls, timeout=timeout, deadline=deadline)
 
     @classmethod
     def generic(cls, mode: str = "project", send: Sequence[str] = (), python: str | None = None,
                 *, timeout: float | None = None, log: str | os.PathLike | None = None,
-                verbose: bool | None = None) -> Worker:
+                verbose: bool | None = None, deadline: float | None = None) -> Worker:
         """A child ``python -m somatize.worker`` on a free loopback port, with a fresh
         token and this process's environment (so the same code is importable there).
 
@@ -196,20 +213,21 @@ class Worker:
             verbose = os.environ.get("SOMATIZE_WORKER_VERBOSE", "") not in ("", "0")
         if log is None and not verbose:
             argv.append("--quiet")
-        return cls(argv, mode, send, timeout=timeout)
+        return cls(argv, mode, send, timeout=timeout, deadline=deadline)
 
     @classmethod
     def spawn(cls, argv: list[str], mode: str = "project", send: Sequence[str] = (), *,
-              timeout: float | None = None) -> Worker:
+              timeout: float | None = None, deadline: float | None = None) -> Worker:
         """Any child that prints ``listening on HOST:PORT`` first; it is handed a fresh
         token in SOMATIZE_TOKEN."""
-        return cls(list(argv), mode, send, timeout=timeout)
+        return cls(list(argv), mode, send, timeout=timeout, deadline=deadline)
 
     @classmethod
     def on_ray(cls, mode: str = "project", send: Sequence[str] = (), *,
                num_cpus: float | None = None, num_gpus: float | None = None,
                resources: dict[str, float] | None = None, runtime_env: dict[str, Any] | None = None,
-               max_restarts: int = 3, timeout: float | None = None) -> Worker:
+               max_restarts: int = 3, timeout: float | None = None,
+               deadline: float | None = None) -> Worker:
         """A worker that is a Ray actor, placed by the cluster where these resources
         are (``num_gpus=1``); ``runtime_env`` is handed to Ray as it is. It connects
         to the cluster ``ray.init`` did, or starts a local one. ``timeout`` bounds how
@@ -217,7 +235,18 @@ class Worker:
         be starting); Ray restarts an actor that died up to ``max_restarts`` times.
         Needs the ``ray`` extra: ``pip install 'somatize[ray]'``."""
         return _placed("ray")(mode, send, num_cpus=num_cpus, num_gpus=num_gpus, resources=resources,
-                    runtime_env=runtime_env, max_restarts=max_restarts, timeout=timeout)
+                    runtime_env=runtime_env, max_restarts=max_restarts, timeout=timeout,
+                    deadline=deadline)
+
+    @property
+    def link(self) -> Link:
+        """The client's end of this worker's wire, which every slice for it goes through."""
+        return self._link
+
+    @property
+    def wire(self) -> bytes:
+        """What names this worker's wire: two workers declared at one address share it."""
+        return self._wire
 
     def packed(self, nodes: dict[str, Any]) -> tuple[str, str, bytes]:
         """These nodes the way this worker wants them: ``(kind, id, bytes)``."""
@@ -244,7 +273,7 @@ class Worker:
         _children.add(self)
         weakref.finalize(self, _end, self._child)
 
-    def _address(self, host: str) -> tuple[str, int]:
+    def address(self, host: str) -> tuple[str, int]:
         """Where to connect: the declared address, or where the child says it listens."""
         if self._target is not None:
             return self._target
@@ -280,7 +309,7 @@ class Worker:
                             "not 'listening on HOST:PORT'", host=host)
         return match.group(1).strip("[]"), int(match.group(2))
 
-    def _where(self, host: str) -> str:
+    def where(self, host: str) -> str:
         address = self._target or self._listening
         if address is None:
             return f"the child {self._argv!r}"
@@ -301,7 +330,7 @@ class Worker:
         self.close()
 
     def __repr__(self) -> str:
-        where = self._where("") if (self._target or self._listening) else f"child {self._argv!r}"
+        where = self.where("") if (self._target or self._listening) else f"child {self._argv!r}"
         return f"Worker({where}, mode={self.mode!r})"
 
     def __reduce__(self) -> Any:

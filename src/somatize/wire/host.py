@@ -11,6 +11,7 @@ so a slice runs one way whichever way it came.
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import threading
 import time
@@ -24,11 +25,13 @@ from .._slices import Slice
 from .catalog import build, catalog_id, pack_values, unpack_values
 from .log import say
 
-__all__ = ["Answer", "Holding", "Shelf", "answer", "provisioned", "refused_catalog", "short"]
+__all__ = ["Answer", "Holding", "Refused", "Sessions", "Tenant", "answer", "provisioned",
+           "refused_catalog", "short"]
 
 # The engine's own bracket of a walk; the client brackets the forward itself.
 _BRACKET = frozenset(("began", "finished"))
 _TRACEBACK = 64 << 10  # the most of a traceback's text that travels back
+_GONE = 4096  # sessions let go that are remembered, to tell their owners why
 
 
 def short(ident: str) -> str:
@@ -59,31 +62,134 @@ class Holding:
         self.held.clear()
 
 
-class Shelf:
-    """The one catalog a host holds; a different one replaces it, and says so."""
+class Tenant:
+    """One session's hold on a host: its catalog, the graph built from it, whether its
+    owner said it keeps state here, and whether a slice has run in it since."""
 
-    def __init__(self) -> None:
-        self.catalog: tuple[str, Any] | None = None
+    __slots__ = ("catalog", "graph", "keeps", "live", "lock", "used")
+
+    def __init__(self, catalog: str, graph: Any, keeps: bool):
+        self.catalog, self.graph, self.keeps = catalog, graph, keeps
+        self.live = False
+        self.lock = threading.Lock()  # a session's slices run one at a time
+        self.used = time.monotonic()
+
+
+class Refused(Exception):
+    """A request this host turns down, and why, in words for the client."""
+
+
+class Sessions:
+    """What a host holds for each client session: a catalog apiece, side by side.
+
+    A session is named by its owner (a Trainer, a graph run through a broker) with a
+    random id, so two clients never see or replace each other's nodes, whatever bytes
+    their catalogs pickle to. Within a session that holds state and has run, another
+    catalog is refused: swallowing it would take every trainer's weights and optimizer
+    with it. At most ``most`` sessions are held, and one idle past ``lease`` seconds
+    is let go; a session let go is remembered as gone, with the reason, so its owner
+    is told rather than handed a fresh copy of what it had."""
+
+    def __init__(self, most: int = 64, lease: float = 86400.0):
+        self.most, self.lease = most, lease
+        self._held: collections.OrderedDict[bytes, Tenant] = collections.OrderedDict()
+        self._gone: collections.OrderedDict[bytes, str] = collections.OrderedDict()
         self._lock = threading.Lock()
 
-    def install(self, ident: str, graph: Any) -> None:
-        """Holds this catalog from now on; the same one again changes nothing, so its
-        nodes' live state (a trainer's optimizer) survives a second provisioning."""
+    def __len__(self) -> int:
         with self._lock:
-            if self.catalog is not None and self.catalog[0] == ident:
-                return
-            previous = self.catalog
-            self.catalog = (ident, graph)
-        held = [n for n, impl in graph.impls.items() if type(impl).__name__ != "Elsewhere"]
-        if previous is None:
-            say.routine("catalog %s holds %s", short(ident), ", ".join(held))
-        else:
-            say.routine("catalog %s replaces %s; it holds %s", short(ident), short(previous[0]),
-                        ", ".join(held))
+            return len(self._held)
 
-    def current(self) -> tuple[str, Any] | None:
+    def lookup(self, session: bytes) -> tuple[Tenant | None, str | None]:
+        """The session's tenant, marked as just used; else None and why it is gone
+        (None: never held here)."""
         with self._lock:
-            return self.catalog
+            self._expire(time.monotonic())
+            tenant = self._held.get(session)
+            if tenant is None:
+                return None, self._gone.get(session)
+            tenant.used = time.monotonic()
+            self._held.move_to_end(session)
+            return tenant, None
+
+    def admits(self, session: bytes, ident: str) -> None:
+        """Refuses a catalog this session may not take (see the class); checked before
+        the catalog is unpickled, and again when it is installed."""
+        with self._lock:
+            tenant = self._held.get(session)
+            if tenant is not None and tenant.catalog != ident and tenant.keeps and tenant.live:
+                raise Refused(
+                    f"session {session.hex()[:12]} holds catalog {short(tenant.catalog)} "
+                    f"({_held_nodes(tenant.graph)}), whose trainers have learnt here, and was "
+                    f"sent catalog {short(ident)}; a session keeps one catalog once it has "
+                    "state: start a new one (a new Trainer), or resume from a checkpoint")
+
+    def install(self, session: bytes, ident: str, graph: Any, keeps: bool) -> None:
+        """Holds this catalog for the session from now on; the same one again changes
+        nothing, so its nodes' live state survives being provisioned twice."""
+        self.admits(session, ident)
+        with self._lock:
+            now = time.monotonic()
+            self._expire(now)
+            tenant = self._held.get(session)
+            if tenant is not None and tenant.catalog == ident:
+                tenant.keeps = tenant.keeps or keeps
+                return
+            if tenant is None and len(self._held) >= self.most:
+                self._make_room(now)
+            self._held[session] = Tenant(ident, graph, keeps)
+            self._held.move_to_end(session)
+            self._gone.pop(session, None)
+            count = len(self._held)
+        verb = "replaces its catalog with" if tenant is not None else "holds"
+        say.routine("session %s %s catalog %s: %s (%d session%s held)", session.hex()[:12], verb,
+                    short(ident), _held_nodes(graph), count, "" if count == 1 else "s")
+
+    def end(self, session: bytes) -> bool:
+        """Lets go of a session its owner closed; whether it was held."""
+        with self._lock:
+            tenant = self._held.pop(session, None)
+            if tenant is not None:
+                self._forget(session, "its owner closed it")
+        if tenant is not None:
+            say.routine("session %s closed by its owner", session.hex()[:12])
+        return tenant is not None
+
+    def _expire(self, now: float) -> None:
+        """Lets go of the sessions idle past the lease (under the lock)."""
+        for session, tenant in list(self._held.items()):
+            idle = now - tenant.used
+            if idle > self.lease and not tenant.lock.locked():
+                del self._held[session]
+                self._forget(session, f"it was idle for {idle:.0f} s, past this worker's "
+                                      f"lease of {self.lease:g} s (--session-lease)")
+                say("session %s let go: idle for %.0f s (--session-lease %g)", session.hex()[:12],
+                    idle, self.lease)
+
+    def _make_room(self, now: float) -> None:
+        """Lets go of one session for a new one: the least recently used of those not
+        running, one that keeps no state first (under the lock)."""
+        idle = [(s, t) for s, t in self._held.items() if not t.lock.locked()]
+        if not idle:
+            raise Refused(f"this worker holds its most sessions ({self.most}), all of them "
+                          "running; try again later, or start it with a larger --max-sessions")
+        session, tenant = next(((s, t) for s, t in idle if not t.keeps), idle[0])
+        del self._held[session]
+        self._forget(session, f"this worker holds at most {self.most} sessions "
+                              "(--max-sessions) and needed room for a newer one after it "
+                              f"was idle {now - tenant.used:.0f} s")
+        say("session %s let go to make room (at most %d: --max-sessions)", session.hex()[:12],
+            self.most)
+
+    def _forget(self, session: bytes, why: str) -> None:
+        self._gone[session] = why
+        while len(self._gone) > _GONE:
+            self._gone.popitem(last=False)
+
+
+def _held_nodes(graph: Any) -> str:
+    held = [n for n, impl in graph.impls.items() if type(impl).__name__ != "Elsewhere"]
+    return ", ".join(held) or "no nodes"
 
 
 def provisioned(ident: Any, kind: Any, runtime: Any, blobs: list[Any]) -> Any:
@@ -108,21 +214,21 @@ def refused_catalog(exc: Exception) -> tuple[dict[str, Any], str]:
     return {"e": "catalog", "m": f"{type(exc).__name__}: {exc}", "module": module, "tb": text}, text
 
 
-def answer(shelf: Shelf, declared: str | None, head: Any, buffers: list[Any],
-           holding: Holding) -> Answer:
-    """Runs the slice a request header describes, here, against the catalog the client
-    said it runs against (``declared``): ``"need"`` when the shelf holds another.
+def answer(sessions: Sessions, head: Any, buffers: list[Any], holding: Holding) -> Answer:
+    """Runs the slice a request header describes, here, against the catalog of the
+    session it names (``s``): ``"need"`` when this host holds no such session, with
+    why it is gone (``gone``) where it once held it.
 
     A request that is not a slice of ours raises ProtocolError (the transport drops
     whoever sent it); anything the slice itself raises is answered as an error."""
     nodes, wanted, forward = head.get("n"), head.get("w"), head.get("f")
+    session = head.get("s")
     if (type(nodes) is not list or type(wanted) is not list or type(forward) is not bytes
-            or not all(type(n) is str for n in nodes + wanted)):
-        raise ProtocolError("a slice frame without its nodes, its outputs or its forward")
-    current = shelf.current()
-    if current is None or current[0] != declared:
-        return Answer("need", {"c": current[0] if current else None}, [])
-    graph = current[1]
+            or type(session) is not bytes or not all(type(n) is str for n in nodes + wanted)):
+        raise ProtocolError("a slice frame without its session, nodes, outputs or forward")
+    tenant, gone = sessions.lookup(session)
+    if tenant is None:
+        return Answer("need", {"gone": gone} if gone else {}, [])
     if forward != holding.forward:  # what stayed for an earlier forward is nobody's now
         holding.forward, holding.held = forward, {}
     try:
@@ -143,8 +249,10 @@ def answer(shelf: Shelf, declared: str | None, head: Any, buffers: list[Any],
                 f"the output of node {ref!r} is no longer here: the worker kept it for one "
                 "forward, and it restarted or another forward began since")}, [])
         given[ref] = wrap(holding.held[ref])
-    return _run(graph, nodes, wanted, given, Opaque(values.get("i")), bool(head.get("x")),
-                bool(head.get("t")), holding)
+    with tenant.lock:  # one session's slices one at a time, whoever sends them
+        tenant.live = True
+        return _run(tenant.graph, nodes, wanted, given, Opaque(values.get("i")),
+                    bool(head.get("x")), bool(head.get("t")), holding)
 
 
 def _run(graph: Any, nodes: list[str], wanted: list[str], given: dict[str, Any], input: Any,
@@ -158,6 +266,14 @@ def _run(graph: Any, nodes: list[str], wanted: list[str], given: dict[str, Any],
     except Exception as exc:  # the one boundary where a slice's failure is translated
         return failed(exc, facts, f"slice {nodes} failed after "
                                   f"{(time.perf_counter() - began) * 1e3:.1f} ms: {exc}")
+    except (KeyboardInterrupt, SystemExit) as exc:  # a node's, not this worker's to obey
+        node, kind = getattr(exc, "soma_node", nodes[0]), type(exc).__name__
+        error = NodeError(
+            f"node {node!r} raised {kind}({exc}) on the worker; a worker does not stop for a "
+            f"node's {kind} (it serves on): raise an ordinary exception to fail a slice",
+            node=node, kind=kind)
+        error.__cause__ = exc
+        return failed(error, facts, f"slice {nodes}: node {node!r} raised {kind}; serving on")
     buffers: list[Any] = []
     try:
         trees, refused = pack_values(out, buffers)

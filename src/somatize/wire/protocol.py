@@ -65,9 +65,12 @@ __all__ = [
     "split_prefix",
 ]
 
-#: 2: the client proves it holds the token first, the worker answers after, and the
-#: MAC key is the token stretched by scrypt. 1 (somatize 1.0) had the worker prove first.
-VERSION = 2
+#: 3: every request names the client session it belongs to, and a worker holds a
+#: catalog per session. 2 had one catalog per worker, which any client replaced; it
+#: and 3 share the handshake: the client proves it holds the token first, the worker
+#: answers after, and the MAC key is the token stretched by scrypt. 1 (somatize 1.0)
+#: had the worker prove first.
+VERSION = 3
 MAGIC = b"SZ"
 MACED, SEALED = 1, 2
 _PREFIX = struct.Struct("<2sBBIQ")
@@ -79,7 +82,7 @@ _SEQ = struct.Struct("<Q")
 #: Every kind a frame may have; anything else is not one of ours.
 KINDS = frozenset({
     "hello", "challenge", "proof", "welcome", "refused",        # the handshake
-    "catalog", "provision", "slice",                            # client -> worker
+    "catalog", "provision", "slice", "end",                     # client -> worker
     "ok", "need", "done", "error", "beat",                      # worker -> client
 })
 

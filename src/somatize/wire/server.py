@@ -1,9 +1,10 @@
-"""The worker: one catalog, a bounded number of connections, slices run with the core's walk.
+"""The worker: a catalog per client session, a bounded number of connections, slices
+run with the core's walk.
 
 A worker is dumb on purpose. Each connection (``connection.py``) authenticates, then
-runs against whatever catalog the worker holds (one at a time: a different one
-replaces it, and says so). A connection that sends something that is not a frame of
-ours is dropped; the others go on.
+runs slices against the catalog of the session each names (``host.Sessions``: sessions
+sit side by side and never see each other's nodes). A connection that sends something
+that is not a frame of ours is dropped; the others go on.
 
 What an unauthenticated peer can take is bounded: its handshake must finish within
 the timeout in total, at most ``max_unauthenticated`` such connections are held at
@@ -29,7 +30,7 @@ except ImportError:  # Windows: no descriptor limit to read
     resource = None
 
 from .connection import Connection
-from .host import Shelf
+from .host import Sessions
 from .log import Often, say
 from .protocol import VERSION, Limits, derive_key, new_salt, refusal
 
@@ -63,7 +64,8 @@ class Server:
     def __init__(self, host: str, port: int, *, token: bytes | None = None,
                  tls: ssl.SSLContext | None = None, timeout: float = 30.0,
                  limits: Limits | None = None, max_connections: int = 128,
-                 max_unauthenticated: int | None = None):
+                 max_unauthenticated: int | None = None, max_sessions: int = 64,
+                 session_lease: float = 86400.0):
         if max_unauthenticated is None:
             max_unauthenticated = min(16, max_connections)
         if not 1 <= max_unauthenticated <= max_connections:
@@ -84,7 +86,10 @@ class Server:
         self.max_connections = max_connections
         self.max_unauthenticated = min(max_unauthenticated, max_connections)
         self.instance = uuid.uuid4().hex
-        self.shelf = Shelf()  # the one catalog this worker holds
+        if max_sessions < 1 or not session_lease > 0:
+            raise ValueError(f"a worker holds at least one session, for a lease above 0 s, "
+                             f"not {max_sessions} for {session_lease} s")
+        self.sessions = Sessions(max_sessions, session_lease)  # a catalog per client session
         self._connections: set[Connection] = set()  # every one held, authenticated or not
         self._waiting: dict[Connection, None] = {}  # the unauthenticated, oldest first
         self._lock = threading.Lock()
@@ -273,10 +278,3 @@ class Server:
         with self._lock:
             self._connections.discard(connection)
             self._waiting.pop(connection, None)
-
-    def install(self, ident: str, graph: Any) -> None:
-        """Holds this catalog from now on (the same one again changes nothing)."""
-        self.shelf.install(ident, graph)
-
-    def current(self) -> tuple[str, Any] | None:
-        return self.shelf.current()

@@ -147,3 +147,13 @@ class Bigger(Node):
 
     def forward(self, x, ctx):
         return x * 2
+
+
+class Interrupt(Node):
+    """Raises what Ctrl-C or exit() would, from inside a node."""
+
+    def __init__(self, kind):
+        self.kind = kind
+
+    def forward(self, x, ctx):
+        raise {"interrupt": KeyboardInterrupt, "exit": SystemExit}[self.kind]("from a node")

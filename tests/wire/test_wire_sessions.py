@@ -1,0 +1,122 @@
+"""Sessions on a worker (somatize.wire.host.Sessions, broker.Session): what a client
+provisions is its own, side by side with everybody else's; a session that keeps state
+is never given its first copy again; what a worker lets go of is said; and a node's
+Ctrl-C, a slow slice or many clients at once do not take a worker down."""
+
+import threading
+import time
+
+import pytest
+from wire_helpers import TOKEN, standing  # noqa: F401  (a fixture)
+from wire_nodes import Add, Count, Interrupt, Sleep
+
+from somatize import Broker, DeclarationError, Graph, NodeError, StateLost, WireError, Worker
+
+
+def counting(name="count"):
+    return Graph.somatize(Count().named(name).at("w"))
+
+
+def test_two_graphs_on_one_worker_keep_their_own_state(standing):
+    worker = standing()
+    with Worker.at(worker.addr, token=TOKEN) as w:
+        a, b = counting(), counting()  # the same bytes, two graphs
+        broker = {"w": w}
+        assert [a.forward(0, broker=broker), b.forward(0, broker=broker),
+                a.forward(0, broker=broker), b.forward(0, broker=broker)] == [1, 1, 2, 2]
+    with Worker.at(worker.addr, token=TOKEN) as other:  # another client, the same graph
+        assert counting().forward(0, broker={"w": other}) == 1
+    with Worker.at(worker.addr, token=TOKEN) as w:
+        assert a.forward(0, broker={"w": w}) == 3  # a's session outlived its connection
+
+
+def test_a_session_that_keeps_state_is_never_provisioned_again(standing):
+    worker = standing("--max-sessions", "2")
+    with Worker.at(worker.addr, token=TOKEN) as w:
+        broker = Broker({"w": w})
+        kept = broker.session(keeps=True)
+        g = counting()
+        assert [g.forward(0, broker=kept) for _ in range(3)] == [1, 2, 3]
+        plain = counting()
+        assert plain.forward(0, broker=broker) == 1
+        counting().forward(0, broker=broker)  # a third session: the oldest idle one goes
+        worker.wait_log("to make room")
+        with pytest.raises(StateLost, match="--max-sessions") as caught:
+            g.forward(0, broker=kept)
+        assert caught.value.host == "w" and caught.value.nodes == ["count"]
+        # a session that keeps nothing is made again, as its first copy says
+        assert plain.forward(0, broker=broker) in (1, 2)
+
+
+def test_a_session_idle_past_the_lease_is_let_go_and_said(standing):
+    worker = standing("--session-lease", "0.5")
+    with Worker.at(worker.addr, token=TOKEN) as w:
+        kept = Broker({"w": w}).session(keeps=True)
+        g = counting()
+        assert g.forward(0, broker=kept) == 1
+        time.sleep(1.0)
+        with pytest.raises(StateLost, match="--session-lease"):
+            g.forward(0, broker=kept)
+
+
+def test_another_catalog_for_a_session_with_state_is_refused_and_changes_nothing(standing):
+    worker = standing()
+    with Worker.at(worker.addr, token=TOKEN) as w:
+        kept = Broker({"w": w}).session(keeps=True)
+        g = counting()
+        assert g.forward(0, broker=kept) == 1
+        other = Graph.somatize(Count().named("count").at("w") >> Add(1).named("more").at("w"))
+        with pytest.raises(DeclarationError, match="keeps one catalog once it has state"):
+            other.forward(0, broker=kept)
+        assert g.forward(0, broker=kept) == 2  # what it held is as it was
+
+
+def test_many_clients_at_once_each_get_their_own_answers(standing):
+    worker = standing()
+    errors, counts = [], {}
+
+    def client(k):
+        try:
+            with Worker.at(worker.addr, token=TOKEN) as w:
+                g = Graph.somatize(Count().named("count").at("w") >> Add(k).named("add").at("w"))
+                counts[k] = [g.forward(0, broker={"w": w}) for _ in range(40)]
+        except Exception as exc:  # noqa: BLE001  (said below, with the client)
+            errors.append((k, exc))
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    assert counts == {k: [n + k for n in range(1, 41)] for k in range(6)}
+    assert worker.proc.poll() is None
+
+
+@pytest.mark.parametrize("kind, raised", [("interrupt", "KeyboardInterrupt"),
+                                          ("exit", "SystemExit")])
+def test_a_node_that_interrupts_on_a_worker_is_a_node_error_and_the_worker_serves_on(
+        standing, kind, raised):
+    worker = standing()
+    with Worker.at(worker.addr, token=TOKEN) as w:
+        g = Graph.somatize(Interrupt(kind).named("stop").at("w"))
+        with pytest.raises(NodeError, match=raised) as caught:
+            g.forward(0, broker={"w": w})
+        assert caught.value.node == "stop" and caught.value.host == "w"
+        assert "serves on" in str(caught.value)
+        assert counting().forward(0, broker={"w": w}) == 1
+    assert worker.proc.poll() is None
+
+
+def test_a_call_past_its_deadline_is_a_wire_error_and_the_worker_serves_on(standing):
+    worker = standing()
+    with Worker.at(worker.addr, token=TOKEN, deadline=0.5) as w:
+        slow = Graph.somatize(Sleep(3).named("slow").at("w"))
+        began = time.monotonic()
+        with pytest.raises(WireError, match=r"slice \['slow'\] did not answer within its "
+                                            r"deadline of 0.5 s") as caught:
+            slow.forward(0, broker={"w": w})
+        assert time.monotonic() - began < 2.5 and caught.value.host == "w"
+        assert counting().forward(0, broker={"w": w}) == 1  # a new connection, served
+    with pytest.raises(DeclarationError, match="deadline is a positive number"):
+        Worker.at(worker.addr, token=TOKEN, deadline=0)
