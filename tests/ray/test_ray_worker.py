@@ -8,8 +8,9 @@ import pytest
 import torch
 from raynets import Boom, Bump, Echo, Env, Latch, Lin, Sleep, Twice, Unlatch
 
-from somatize import Broker, DeclarationError, Graph, Lost, NodeError, Opaque, WireError, Worker
-from somatize.torch import OutOfStep, Split, Trainer, parameters
+from somatize import (Broker, DeclarationError, Graph, Lost, NodeError, Opaque, StateLost,
+                      WireError, Worker)
+from somatize.torch import Split, Trainer, parameters
 
 mse = torch.nn.functional.mse_loss
 
@@ -154,7 +155,7 @@ def test_a_pipelined_step_on_an_actor_is_the_unpipelined_one_bit_for_bit(shared)
     assert fa.keys() == fb.keys() and all(torch.equal(fa[k], fb[k]) for k in fa)
 
 
-def test_an_actor_restarted_mid_step_is_out_of_step_not_a_wrong_answer(cluster, on_ray):
+def test_an_actor_restarted_mid_step_is_state_lost_not_a_wrong_answer(cluster, on_ray):
     gpu = on_ray(max_restarts=1)
     _, t = split_trainer(gpu)
     t.step(batches(1)[0])
@@ -164,10 +165,24 @@ def test_an_actor_restarted_mid_step_is_out_of_step_not_a_wrong_answer(cluster, 
     before = cluster.get(actor.ready.remote())["instance"]
     cluster.kill(actor, no_restart=False)  # ...Ray restarts the actor...
     restarted(cluster, actor, before)
-    with pytest.raises(OutOfStep, match="activation is not here") as caught:
-        t._backward(loss, 1.0)  # ...and the backward half finds nothing to learn from
-    assert "gpu" in str(caught.value)
-    assert t.step(batches(1, seed=6)[0]) > 0  # the next whole step is fine
+    with pytest.raises(StateLost, match="'body'") as caught:
+        t._backward(loss, 1.0)  # ...and the backward half is told what was lost there
+    assert caught.value.host == "gpu"
+    with pytest.raises(StateLost):  # never trained on from the client's first copy
+        t.step(batches(1, seed=6)[0])
+
+
+def test_two_trainers_on_one_actor_each_train_as_if_alone(shared):
+    data = batches()
+    _, alone = split_trainer(shared)
+    lone = [alone.step(b) for b in data]
+    _, a = split_trainer(shared)
+    _, b = split_trainer(shared)  # alike, byte for byte: still two sessions
+    both = [(a.step(x), b.step(x)) for x in data]  # interleaved, step by step
+    assert [la for la, _ in both] == lone == [lb for _, lb in both]
+    for t in (a, b):
+        got, want = t.export()["body"], alone.export()["body"]
+        assert all(torch.equal(got[k], want[k]) for k in want)
 
 
 def restarted(ray, actor, before, within=60.0):

@@ -1,9 +1,10 @@
 """The host a Ray actor is: a worker's shelf and holdings, run one call at a time.
 
-It holds nothing a socket worker does not: one catalog, what stayed for the current
-forward, and the code that runs a slice (``somatize.wire.host``), the very code the
-socket worker runs. An actor Ray restarted is a fresh one, so it asks again for the
-catalog, and a step's activation that died with it is an ``OutOfStep`` there.
+It holds nothing a socket worker does not: a catalog per client session, what stayed
+for the current forward, and the code that runs a slice (``somatize.wire.host``), the
+very code the socket worker runs. An actor Ray restarted is a fresh one holding no
+session: one that kept state is said to be lost, never provisioned again behind its
+owner's back.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import uuid
 from typing import Any
 
 from .._errors import ProtocolError
-from ..wire.host import Holding, Shelf, answer, provisioned, refused_catalog
+from ..wire.host import Holding, Refused, Sessions, answer, provisioned, refused_catalog
 from ..wire.log import say
 from .buffers import joined, outgoing
 
@@ -26,7 +27,7 @@ class Host:
 
     def __init__(self) -> None:
         say.routine_too = False  # Ray forwards an actor's stderr to the client's terminal
-        self.shelf = Shelf()
+        self.sessions = Sessions()
         self.holding = Holding()
         self.instance = uuid.uuid4().hex
 
@@ -34,30 +35,46 @@ class Host:
         """Where this actor runs, once it does."""
         return {"instance": self.instance, "pid": os.getpid(), "node": socket.gethostname()}
 
-    def provision(self, ident: str, kind: str, runtime: Any, blob: Any) -> tuple[str, dict]:
-        """Holds this catalog (built once: the same one again changes nothing)."""
-        current = self.shelf.current()
-        if current is not None and current[0] == ident:
+    def provision(self, session: bytes, ident: str, kind: str, runtime: Any, blob: Any,
+                  keeps: bool = False, live: bool = False) -> tuple[str, dict]:
+        """Holds this catalog for the session (built once: the same one again changes
+        nothing). A session its owner says has run here (``live``) and that this actor
+        does not hold is not made again: ``need``, with why it is gone, is answered."""
+        try:
+            self.sessions.admits(session, ident)
+        except Refused as exc:
+            return "error", {"e": "session", "m": str(exc)}
+        tenant, gone = self.sessions.lookup(session)
+        if tenant is not None and tenant.catalog == ident:
             return "ok", {}
+        if tenant is None and live:
+            return "need", {"gone": gone or "Ray started this actor afresh"}
         try:
             graph = provisioned(ident, kind, runtime, [blob])
         except ProtocolError as exc:
             return "error", {"e": "ProtocolError", "m": str(exc)}
         except Exception as exc:
             return "error", refused_catalog(exc)[0]
-        self.shelf.install(ident, graph)
+        try:
+            self.sessions.install(session, ident, graph, keeps)
+        except Refused as exc:
+            return "error", {"e": "session", "m": str(exc)}
         return "ok", {}
 
-    def slice(self, declared: str | None, head: dict[str, Any], *buffers: Any) -> tuple:
-        """Runs one slice against the catalog ``declared``; answers ``(kind, header,
+    def slice(self, head: dict[str, Any], *buffers: Any) -> tuple:
+        """Runs one slice in the session its header names; answers ``(kind, header,
         buffers)`` as the socket worker's reply frame would hold them."""
         try:
-            reply = answer(self.shelf, declared, head, joined(buffers), self.holding)
+            reply = answer(self.sessions, head, joined(buffers), self.holding)
         except ProtocolError as exc:
             return "error", {"e": "ProtocolError", "m": str(exc)}, []
         if reply.said is not None:
             say.block(f"Ray actor {self.instance[:12]}: {reply.said}", reply.text or "")
         return reply.kind, reply.header, outgoing(reply.buffers)
+
+    def end(self, session: bytes) -> bool:
+        """Lets go of a session its owner closed."""
+        return self.sessions.end(session)
 
     def echo(self, value: Any) -> Any:
         """Its argument, back: a bare round trip, to measure the rest against."""

@@ -20,8 +20,8 @@ import ray.exceptions
 
 from .._errors import DeclarationError, WireError
 from .._slices import Outcome
-from ..wire.client import Link, Pending, Staged, slice_header
-from ..wire.declare import Worker, checked_mode, checked_timeout
+from ..wire.client import Link, Pending, Request, Tenancy, state_lost
+from ..wire.declare import Worker, checked_deadline, checked_mode, checked_timeout
 from ..wire.protocol import Limits
 from .actor import Host
 from .buffers import joined, outgoing, size
@@ -67,9 +67,10 @@ class RayWorker(Worker):
     def __init__(self, mode: str = "project", send: Any = (), *, num_cpus: float | None = None,
                  num_gpus: float | None = None, resources: dict[str, float] | None = None,
                  runtime_env: dict[str, Any] | None = None, max_restarts: int = 3,
-                 timeout: float | None = None):
+                 timeout: float | None = None, deadline: float | None = None):
         self.mode, self.send = checked_mode(mode, send)
         self.timeout = checked_timeout(timeout)
+        self.deadline = checked_deadline(deadline)
         # Placing an actor may wait for a node to start; a timeout said outright bounds it.
         self.placing = _STARTUP if timeout is None else self.timeout
         self.options = _options(num_cpus, num_gpus, resources, runtime_env, max_restarts)
@@ -104,11 +105,16 @@ class RayWorker(Worker):
                     raise WireError(f"host {host!r}: its Ray actor died as it started: "
                                     f"{_first_line(exc)}", host=host) from None
                 self._actor = actor
+                self._link.instance = said["instance"]
                 self._where_said = f"Ray actor on {said['node']}, pid {said['pid']}"
             return self._actor
 
-    def _where(self, host: str) -> str:
+    def where(self, host: str) -> str:
         return self._where_said
+
+    def started(self) -> Any:
+        """The actor, if it was started (and not closed); None otherwise."""
+        return self._actor
 
     def close(self) -> None:
         """Cancels what is in flight and ends the actor."""
@@ -181,13 +187,12 @@ class _Sent(Pending):
 
     __slots__ = ("began", "bytes", "header", "pieces", "ref")
 
-    def __init__(self, link: RayLink, host: str, nodes: list[str], watching: bool,
-                 header: dict[str, Any], buffers: list[Any]):
-        super().__init__(link, host, nodes, watching, None)
-        self.header, self.bytes = header, size(buffers)
+    def __init__(self, link: RayLink, request: Request):
+        super().__init__(link, request, None)
+        self.header, self.bytes = request.header(), size(request.buffers)
         self.began = time.perf_counter_ns()
         # what the call carries: a large buffer put in the store first, the rest inline
-        self.pieces = [ray.put(b) if size([b]) >= _PUT else b for b in outgoing(buffers)]
+        self.pieces = [ray.put(b) if size([b]) >= _PUT else b for b in outgoing(request.buffers)]
         self.took_sent = (time.perf_counter_ns() - self.began) // 1000
         self.ref: Any = None
 
@@ -197,7 +202,7 @@ class RayLink(Link):
 
     def __init__(self, worker: RayWorker):
         super().__init__(worker)
-        self._blob: tuple[str, Any] | None = None  # the staged catalog, put in the store once
+        self._blobs: dict[str, Any] = {}  # each staged catalog, put in the store once
         self._flying: set[Any] = set()
         self._flying_lock = threading.Lock()
 
@@ -205,19 +210,13 @@ class RayLink(Link):
         """Yes: an actor runs one caller's calls in the order they were made."""
         return True
 
-    def run(self, host: str, nodes: list[str], tree: Any, buffers: list[Any], refs: list[str],
-            wanted: list[str], watching: bool, forward: str | None,
-            transposed: bool = False) -> Outcome:
+    def run(self, request: Request) -> Outcome:
         """Runs one slice on the actor and answers with what came back."""
-        return self.submit(host, nodes, tree, buffers, refs, wanted, watching, forward,
-                           transposed).result()
+        return self.submit(request).result()
 
-    def submit(self, host: str, nodes: list[str], tree: Any, buffers: list[Any],
-               refs: list[str], wanted: list[str], watching: bool, forward: str | None,
-               transposed: bool = False) -> _Sent:
+    def submit(self, request: Request) -> _Sent:
         """Hands one slice to the actor now; its ``result()`` reads the answer."""
-        header = slice_header(nodes, tree, refs, wanted, watching, forward, transposed)
-        sent = _Sent(self, host, nodes, watching, header, buffers)
+        sent = _Sent(self, request)
         try:
             self._send(sent)
         except _Restarting as exc:  # met the actor while Ray restarted it: read it again
@@ -231,15 +230,16 @@ class RayLink(Link):
         so that calls leave in the order their slices were handed over)."""
         with self.lock:
             actor = self.worker.actor(sent.host)
-            self._provide(sent.host, actor)
-            sent.ref = actor.slice.remote(self.declared, sent.header, *sent.pieces)
+            self._provide(sent.host, actor, sent.tenancy)
+            sent.ref = actor.slice.remote(sent.header, *sent.pieces)
             with self._flying_lock:
                 self._flying.add(sent.ref)
 
     def settle(self, sent: _Sent) -> None:
         """Reads a sent slice's answer. A fresh actor (Ray restarted it) answers "need"
-        before running anything, so sending such a slice once more is safe."""
-        host, nodes = sent.host, sent.nodes
+        before running anything: a session that keeps nothing is sent once more, one
+        whose state was there is said to be lost."""
+        host, nodes, tenancy = sent.host, sent.nodes, sent.tenancy
         doing = f"while running slice {nodes}"
         try:
             for attempt in (0, 1):
@@ -253,13 +253,17 @@ class RayLink(Link):
                     self._back(host, self.worker.actor(host), exc.error)
                     self._send(sent)
                     continue
-                if kind == "need":  # Ray restarted it: a fresh actor holds no catalog
-                    self.declared = None
+                if kind == "need":  # Ray restarted it: a fresh actor holds no session
+                    tenancy.declared = None
+                    if tenancy.keeps and tenancy.live:
+                        raise state_lost(host, self.worker.where(host), tenancy,
+                                         head.get("gone") or "Ray started its actor afresh")
                     if attempt == 0:
                         self._send(sent)
                         continue
                     raise WireError(f"host {host!r}: its Ray actor keeps losing its catalog",
                                     host=host)
+                tenancy.live = True
                 reply = _Reply(kind, head, back, (time.perf_counter_ns() - sent.began) // 1000)
                 sent.outcome = self._outcome(host, nodes, reply, sent.bytes, sent.took_sent,
                                              sent.watching)
@@ -269,40 +273,66 @@ class RayLink(Link):
         finally:
             sent.settled, sent.pieces = True, []
 
-    def _provide(self, host: str, actor: Any) -> None:
-        """Hands the actor the staged catalog, unless it holds it already."""
-        staged: Staged | None = self.staged
-        if staged is None or self.declared == staged.ident:
+    def _provide(self, host: str, actor: Any, tenancy: Tenancy) -> None:
+        """Hands the actor the session's staged catalog, unless it holds it already."""
+        if tenancy.declared_in(self.instance):
             return
-        if self._blob is None or self._blob[0] != staged.ident:
-            self._blob = (staged.ident, ray.put(staged.blob))
+        staged = tenancy.staged
+        where = self.worker.where(host)
+        if tenancy.keeps and tenancy.live and tenancy.instance not in (None, self.instance):
+            raise state_lost(host, where, tenancy, "Ray started its actor afresh")
+        blob = self._blobs.get(staged.ident)
+        if blob is None:
+            blob = self._blobs[staged.ident] = ray.put(staged.blob)
         kind, head = self._call(host, actor.provision.remote(
-            staged.ident, staged.kind, staged.runtime, self._blob[1]), "while receiving its catalog")
+            tenancy.session, staged.ident, staged.kind, staged.runtime, blob, tenancy.keeps,
+            tenancy.keeps and tenancy.live), "while receiving its catalog")
+        if kind == "need":
+            raise state_lost(host, where, tenancy, head.get("gone") or "Ray started its actor afresh")
         if kind == "error":
             raise self._catalog_refused(host, head, staged)
-        self.declared = staged.ident
+        tenancy.declared, tenancy.instance = staged.ident, self.instance
+
+    def end(self, tenancy: Tenancy) -> None:
+        """Tells the actor to let go of a session (nothing, if it is gone)."""
+        actor = self.worker.started()
+        if actor is None or tenancy.declared is None or tenancy.instance != self.instance:
+            return
+        tenancy.declared = None
+        try:
+            ray.get(actor.end.remote(tenancy.session), timeout=self.worker.timeout)
+        except Exception:  # noqa: BLE001  (the actor or the cluster may be gone)
+            pass
 
     def _call(self, host: str, ref: Any, doing: str) -> Any:
         """The answer to one actor call; the actor's death is a WireError naming the host."""
         with self._flying_lock:
             self._flying.add(ref)
         try:
-            return ray.get(ref)
+            return ray.get(ref, timeout=self.worker.deadline)
+        except ray.exceptions.GetTimeoutError:
+            try:
+                ray.cancel(ref)  # asked, not forced: the actor serves on
+            except Exception:  # noqa: BLE001  (a running actor call may not be cancelled)
+                pass
+            raise WireError(f"host {host!r} ({self.worker.where(host)}): no answer {doing} "
+                            f"within its deadline of {self.worker.deadline:g} s "
+                            "(Worker.on_ray(..., deadline=)); the actor may still be computing "
+                            "it, and the calls after it wait for it", host=host) from None
         except _GONE as exc:
-            self.declared = None
             if isinstance(exc, ray.exceptions.ActorUnavailableError) and not self.worker.closed:
                 raise _Restarting(WireError(
-                    f"host {host!r} ({self.worker._where(host)}) is unavailable {doing}: "
+                    f"host {host!r} ({self.worker.where(host)}) is unavailable {doing}: "
                     f"{_first_line(exc)}", host=host)) from None
             if self.worker.closed:
                 raise WireError(f"host {host!r}: its Ray worker was closed {doing}",
                                 host=host) from None
             raise WireError(
-                f"host {host!r} ({self.worker._where(host)}) died {doing}: "
+                f"host {host!r} ({self.worker.where(host)}) died {doing}: "
                 f"{_first_line(exc)}. Ray restarts an actor up to max_restarts times; what it "
                 "held for this step is gone either way", host=host) from None
         except ray.exceptions.RayError as exc:  # the actor's own code failed, outside a slice
-            raise WireError(f"host {host!r} ({self.worker._where(host)}) failed {doing}: "
+            raise WireError(f"host {host!r} ({self.worker.where(host)}) failed {doing}: "
                             f"{_first_line(exc)}", host=host) from exc
         finally:
             with self._flying_lock:
@@ -313,7 +343,8 @@ class RayLink(Link):
         deadline = time.monotonic() + self.worker.placing
         while time.monotonic() < deadline and not self.worker.closed:
             try:
-                ray.get(actor.ready.remote(), timeout=max(0.0, deadline - time.monotonic()))
+                said = ray.get(actor.ready.remote(), timeout=max(0.0, deadline - time.monotonic()))
+                self.instance = said["instance"]
                 return
             except ray.exceptions.ActorUnavailableError:  # not back yet
                 time.sleep(0.1)
@@ -332,7 +363,7 @@ class RayLink(Link):
                 pass
 
     def _drop(self) -> None:
-        self.declared = None
+        return None
 
     def close(self) -> None:
         self.cancel()
