@@ -59,7 +59,7 @@ def written(store, steps):
         time.sleep(0.01)
 
 
-def run(store, out, mode, kill_at, resume, broker=None):
+def run(store, out, mode, kill_at, resume, broker=None, keeping=True):
     g, trains = build(mode, broker)
     taken = []
 
@@ -75,7 +75,8 @@ def run(store, out, mode, kill_at, resume, broker=None):
                 optimizer=torch.optim.Adam(parameters(g, without=trains), lr=1e-2))
     t.seed(0)  # here and on the worker, whose process starts from a state of its own
     started = t.resume(store, "run/ckpt") if resume else 0
-    result = t.fit(batches(), epochs=4, checkpoint=(store, "run/ckpt"), checkpoint_every=EVERY)
+    kept = {"checkpoint": (store, "run/ckpt"), "checkpoint_every": EVERY} if keeping else {}
+    result = t.fit(batches(), epochs=4, **kept)
     torch.save({"weights": t.export(), "resumed_at": started, "losses": result.history}, out)
 
 
@@ -91,17 +92,19 @@ def main():
     return 0
 
 
-def trained(store, out, mode, kill_at=0, resume=False):
+def trained(store, out, mode, kill_at=0, resume=False, keeping=True):
     """The whole run, with a worker of its own where the mode has one; one thread, as
-    the sums of a matrix product may be added in another order on several."""
+    the sums of a matrix product may be added in another order on several.
+    ``keeping=False`` is the run that never keeps a checkpoint, to compare with."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         if mode == "split":
             with Worker.generic(mode="network", send=["resumenets"]) as worker:
-                run(store, out, mode, kill_at, resume, Broker.embedded({"gpu": worker}))
+                run(store, out, mode, kill_at, resume, Broker.embedded({"gpu": worker}),
+                    keeping)
         else:
-            run(store, out, mode, kill_at, resume)
+            run(store, out, mode, kill_at, resume, keeping=keeping)
     finally:
         torch.set_num_threads(threads)
 

@@ -1,5 +1,6 @@
 """Checkpoints (somatize.torch._checkpoint): a run killed mid-way and taken up in a fresh
-process ends bit for bit where the run never interrupted ends; refusals change nothing."""
+process (onto a fresh worker) ends bit for bit where the run never interrupted, and never
+checkpointed, ends; refusals change nothing."""
 
 import importlib.util
 import os
@@ -16,7 +17,7 @@ from resumenets import Lin, Noise
 from trainnets import Body, Head, batches, graph
 
 from somatize import Broker, CorruptObject, DeclarationError, Graph, StoreError, Worker
-from somatize._codec import loads
+from somatize._codec import dumps, loads
 from somatize.store import DirectoryBackend, Store
 from somatize.torch import Split, Trainer, parameters
 
@@ -38,7 +39,8 @@ def _ended(proc):
 @pytest.mark.parametrize("mode", ["local", "split"])
 def test_a_run_killed_at_step_25_resumes_bit_for_bit(tmp_path, mode):
     killed = _script(tmp_path / "run", tmp_path / "never.pt", mode, "--kill-at", 25)
-    trained(tmp_path / "whole", tmp_path / "whole.pt", mode)  # meanwhile, never interrupted
+    # meanwhile the run as the user means it: never interrupted, and never checkpointed
+    trained(tmp_path / "whole", tmp_path / "whole.pt", mode, keeping=False)
     code, err = _ended(killed)
     assert code == -9, err  # SIGKILL: nothing was tidied up
     assert not (tmp_path / "never.pt").exists()
@@ -233,6 +235,28 @@ def test_a_corrupt_part_is_refused_on_resume_and_changes_nothing(tmp_path):
     u.fit(batches(1))
     before = everything(u)
     with pytest.raises(CorruptObject):
+        u.resume(store, "ck")
+    assert same(everything(u), before)
+
+
+@pytest.mark.parametrize("spoil, says", [
+    (lambda m: m.pop("counters"), "'counters' is missing from the checkpoint 'ck'"),
+    (lambda m: m["counters"].pop("taken"), "'taken' is missing from .* counters"),
+    (lambda m: m["identity"].update(edges=3), "identity holds 'edges' as int"),
+    (lambda m: m["random"].clear(), "lack this process's"),
+])
+def test_a_hand_edited_manifest_is_refused_naming_what_it_lacks(tmp_path, spoil, says):
+    store = Store(tmp_path)
+    t, _ = adam_trainer()
+    t.fit(batches(3))
+    t.checkpoint(store, "ck")
+    manifest = loads(store.get(store.resolve("ck").digest))
+    spoil(manifest)
+    store.bind("ck", store.put(dumps(manifest)), {"checkpoint": manifest["format"], "steps": 3})
+    u, _ = adam_trainer(seed=3)
+    u.fit(batches(1))
+    before = everything(u)
+    with pytest.raises(StoreError, match=says):
         u.resume(store, "ck")
     assert same(everything(u), before)
 

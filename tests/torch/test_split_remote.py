@@ -1,19 +1,14 @@
-"""Split training with the far half on a real worker process: bit for bit, OutOfStep
-after a restart, and the trainer's weights read back from where they are."""
-
-import os
-import subprocess
-import sys
+"""Split training with the far half on a real worker process: bit for bit, and the
+trainer's weights read back from where they are (a restart: test_split_sessions)."""
 
 import pytest
 import torch
 from splitnets import Lin
 
 from somatize import Broker, DeclarationError, Graph, Worker
-from somatize.torch import OutOfStep, Split, Trainer, parameters
+from somatize.torch import Split, Trainer, parameters
 
 mse = torch.nn.functional.mse_loss
-TOKEN = "split-remote-" + "9" * 20
 
 
 def net(host=None, seed=0):
@@ -57,41 +52,6 @@ def test_the_far_half_on_a_worker_trains_bit_for_bit(worker, every):
     far = split.export()["body"]
     mine = whole.export()["body"]
     assert far.keys() == mine.keys() and all(torch.equal(far[k], mine[k]) for k in far)
-
-
-def _standing(port=0):
-    """A worker started from the command line, as on another machine."""
-    env = dict(os.environ, SOMATIZE_TOKEN=TOKEN, PYTHONPATH=os.pathsep.join(sys.path))
-    proc = subprocess.Popen([sys.executable, "-m", "somatize.worker", "--listen",
-                             f"127.0.0.1:{port}"], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True)
-    line = proc.stdout.readline()
-    assert line.startswith("listening on "), line
-    return proc, line.split()[-1]
-
-
-def test_a_worker_restarted_mid_step_is_out_of_step_not_a_wrong_answer():
-    proc, addr = _standing()
-    try:
-        cut = net("gpu")
-        trains = {"body": Split(torch.optim.SGD, lr=0.1)}
-        with Worker.at(addr, mode="network", send=["splitnets"], token=TOKEN) as gpu:
-            t = Trainer(cut, objective=mse, trains=trains,
-                        optimizer=torch.optim.SGD(parameters(cut, without=trains), lr=0.1),
-                        broker=Broker.embedded({"gpu": gpu}))
-            t.step(batches(1)[0])
-            x, y = batches(1, seed=5)[0]
-            loss = t._loss(t._forward(x), y)  # the forward half of a step...
-            proc.kill()
-            proc.wait(5)
-            proc, _ = _standing(int(addr.rsplit(":", 1)[1]))  # ...a restart...
-            with pytest.raises(OutOfStep, match="activation is not here") as caught:
-                t._backward(loss, 1.0)  # ...and the backward half finds nothing to learn from
-            assert "gpu" in str(caught.value)
-            assert t.step(batches(1, seed=6)[0]) > 0  # the next whole step is fine
-    finally:
-        proc.kill()
-        proc.wait(5)
 
 
 def test_a_node_trained_on_a_worker_is_audited_through_its_trainer(worker):

@@ -32,7 +32,7 @@ import torch
 
 from .._codec import dumps, loads
 from .._engine import execute
-from .._errors import DeclarationError, NodeError, StoreError, whole_number
+from .._errors import DeclarationError, NodeError, StateLost, StoreError, whole_number
 from .._graph import Graph
 from .._remember import open_store
 from ..store._store import check_name
@@ -352,11 +352,46 @@ def read(store: Any, name: str) -> dict[str, Any]:
     if type(manifest) is not dict or manifest.get("format") != FORMAT:
         raise StoreError(f"{name!r} in {store.where} is bound to something that is not a "
                          "checkpoint; give the name a checkpoint was kept under")
+    whose = f"the checkpoint {name!r} in {store.where}"
+    _shaped(manifest, _MANIFEST, f"{whose}: its manifest")
+    _shaped(manifest["identity"], _IDENTITY, f"{whose}: its manifest's identity")
+    _shaped(manifest["counters"], _COUNTERS, f"{whose}: its manifest's counters")
+    if HERE not in manifest["random"]:
+        raise StoreError(f"{whose}: its manifest's random states lack this process's; it was "
+                         "changed after it was kept: keep a new one")
     parts = dict(manifest)
-    parts.update(_read(store, manifest["here"], "weights and optimizer state"))
-    parts["trainers"] = {n: _read(store, d, f"state of the trainer of {n!r}")
-                         for n, d in manifest["trainers"].items()}
+    here = _read(store, manifest["here"], "weights and optimizer state")
+    _shaped(here, _HERE, f"{whose}: its weights and optimizer state")
+    parts.update(here)
+    parts["trainers"] = {}
+    for n, d in manifest["trainers"].items():
+        trainer = _read(store, d, f"state of the trainer of {n!r}")
+        _shaped(trainer, _TRAINER, f"{whose}: the state of the trainer of {n!r}")
+        parts["trainers"][n] = trainer
     return parts
+
+
+# What each part of a checkpoint holds, to name what a hand-edited one lacks.
+_MANIFEST = {"identity": dict, "counters": dict, "layout": list, "random": dict, "here": str,
+             "trainers": dict}
+_IDENTITY = {"nodes": list, "edges": list, "identities": dict, "frozen": dict, "trained": dict}
+_COUNTERS = {"steps": int, "taken": int, "every": int, "micro": int, "checked": bool}
+_HERE = {"weights": dict, "grads": dict, "optimizer": (dict, type(None))}
+_TRAINER = {"weights": dict, "grads": dict, "learning": dict}
+
+
+def _shaped(value: Any, fields: Mapping[str, Any], what: str) -> None:
+    """Refuses a part of a checkpoint that lacks a field, or holds one of another kind."""
+    if type(value) is not dict:
+        raise StoreError(f"{what} is a {type(value).__name__}, not a map; the checkpoint was "
+                         "changed after it was kept: keep a new one")
+    for field, kind in fields.items():
+        if field not in value:
+            raise StoreError(f"{field!r} is missing from {what}; the checkpoint was changed "
+                             "after it was kept (or by another program): keep a new one")
+        if not isinstance(value[field], kind) or (kind is int and type(value[field]) is bool):
+            raise StoreError(f"{what} holds {field!r} as {type(value[field]).__name__}; the "
+                             "checkpoint was changed after it was kept: keep a new one")
 
 
 def take_up(store: Any, name: str, run: Run) -> dict[str, Any]:
@@ -382,13 +417,17 @@ def take_up(store: Any, name: str, run: Run) -> dict[str, Any]:
                       "the run that was kept", UserWarning, stacklevel=4)
     randoms = {h: s for h, s in parts["random"].items() if h in hosts}
     check_random(parts["random"][HERE], HERE)
-    for check in (True, False):  # every machine agrees before any of them copies
-        for n in far:
-            t = parts["trainers"][n]
-            _message(run, n, {RESTORE: {"node": n, "weights": t["weights"], "grads": t["grads"],
-                                        "learning": t["learning"], "check": check}})
-        for h, state in randoms.items():
-            on_host(h, run.broker, {"state": state, "host": h, "check": check})
+    if far:  # every machine agrees before any of them copies
+        try:
+            _restored(run, parts, far, check=True)
+        except StateLost:  # what it had learnt there is gone: start afresh, then restore
+            run.driver.renew()
+            _restored(run, parts, far, check=True)
+    for h, state in randoms.items():
+        on_host(h, run.broker, {"state": state, "host": h, "check": True})
+    _restored(run, parts, far, check=False)
+    for h, state in randoms.items():
+        on_host(h, run.broker, {"state": state, "host": h, "check": False})
     copy_weights(plan)
     for n in g.nodes():
         if n in parts["weights"]:
@@ -396,6 +435,15 @@ def take_up(store: Any, name: str, run: Run) -> dict[str, Any]:
     load_optimizer(run.optimizer, parts["optimizer"])
     set_random(parts["random"][HERE])
     return counters
+
+
+def _restored(run: Run, parts: dict[str, Any], far: Mapping[str, Any], check: bool) -> None:
+    """Hands each trainer its part of the checkpoint where it runs: to check only, or
+    to take."""
+    for n in far:
+        t = parts["trainers"][n]
+        _message(run, n, {RESTORE: {"node": n, "weights": t["weights"], "grads": t["grads"],
+                                    "learning": t["learning"], "check": check}})
 
 
 def kept_by(checkpoint: Any, every: Any) -> Keeper | None:

@@ -150,10 +150,33 @@ class StagedDriver:
                     )
         self.through = {n for stage in self.stages for n in stage.untrained_here
                         if n in self.leaves}
-        self.broker = broker
+        self._backend = backend_of(broker)
+        self.broker = self._session()
         self.store = store
         self._pass: Any = None
         self.health: list[dict[str, Any]] = []  # what trainers on workers measured
+
+    def _session(self) -> Any:
+        """A session of this driver's own on the workers, which keeps state: its
+        trainers learn there, so nobody else's catalog may replace them, and losing
+        them is said (``StateLost``) rather than made good from the first copy."""
+        backend = self._backend
+        opens = getattr(backend, "session", None)
+        return opens(keeps=True) if callable(opens) else backend
+
+    def renew(self) -> None:
+        """Starts this driver's session afresh (a resume after its state was lost):
+        the next slice provisions the trainers as this process holds them, and what
+        the checkpoint holds is copied into them then."""
+        self.release()
+        self.broker = self._session()
+        self._pass = None
+
+    def release(self) -> None:
+        """Lets go of what this driver's session holds on its workers."""
+        ends = getattr(self.broker, "close", None)
+        if callable(ends) and self.broker is not self._backend:
+            ends()
 
     def _user(self, node: str) -> str:
         """The user's id for an id of the rewired graph."""

@@ -402,11 +402,16 @@ class Trainer:
             watcher(fact)
 
     def close(self) -> None:
-        """Takes the audit's hooks off the graph now, rather than when this Trainer is
-        collected. Not done by ``fit``, since ``step`` may go on after it; a step after
-        ``close`` puts the hooks back. Does nothing without ``auditing=``."""
+        """Ends this Trainer: takes the audit's hooks off the graph now, rather than when
+        it is collected, and has every worker let go of what its session holds there (the
+        trainers it trained, their optimizers), rather than at the worker's lease. Not
+        done by ``fit``, since ``step`` may go on after it. Export first what you want
+        to keep: a step after ``close`` that needs a worker's trainers is a
+        ``StateLost``."""
         if self._audit is not None:
             self._audit.release()
+        if self._staged is not None:
+            self._staged.release()
 
     # -- what a run leaves --------------------------------------------------------------
     def export(self) -> Weights:
