@@ -24,7 +24,7 @@ from wire_nodes import Behind, Boom, Shout
 from somatize import Broker, Graph, NodeError, ProtocolError, WireError, Worker
 from somatize._errors import OutOfStep
 from somatize.wire.channel import Channel
-from somatize.wire.client import RemoteTraceback
+from somatize.wire.transport import RemoteTraceback
 from somatize.wire.protocol import HANDSHAKE, PREFIX, VERSION, Limits, decode, new_nonce
 
 

@@ -5,7 +5,7 @@ the carrying differs: a slice is one actor call, its tensors and bytes travel as
 objects in Ray's store, and a death is Ray's to see.
 
 This layer sits above the wire: as it loads it tells the wire how ``Worker.on_ray`` is
-answered (``place``), and the wire, which never imports it, loads it by name the first
+answered (``provides``), and the wire, which never imports it, loads it by name the first
 time ``on_ray`` is asked for. Importing it costs nothing: Ray itself is imported when
 the first such worker is declared.
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._optional import optional
-from ..wire.declare import place
+from ..wire.declare import provides
 
 __all__ = ["RayWorker"]
 
@@ -32,4 +32,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'somatize.ray' has no attribute {name!r}")
 
 
-place("ray", _on_ray)
+provides("ray", _on_ray)

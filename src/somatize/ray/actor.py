@@ -17,7 +17,7 @@ from typing import Any
 from .._errors import ProtocolError
 from ..wire.host import Holding, Refused, Sessions, answer, provisioned, refused_catalog
 from ..wire.log import say
-from .buffers import joined, outgoing
+from ..wire.buffers import joined, outgoing
 
 __all__ = ["Host"]
 

@@ -20,11 +20,10 @@ import ray.exceptions
 
 from .._errors import DeclarationError, WireError
 from .._slices import Outcome
-from ..wire.client import Link, Pending, Request, Tenancy, state_lost
-from ..wire.declare import Worker, checked_deadline, checked_mode, checked_timeout
-from ..wire.protocol import Limits
+from ..wire.buffers import joined, outgoing, size
+from ..wire.transport import (Link, Pending, Place, Request, Tenancy, catalog_refused,
+                              outcome_of, state_lost)
 from .actor import Host
-from .buffers import joined, outgoing, size
 
 __all__ = ["RayWorker"]
 
@@ -50,33 +49,17 @@ class _Restarting(Exception):
         self.error = error
 
 
-class _Reply:
-    """An actor's answer, shaped as the socket link reads a reply frame."""
-
-    __slots__ = ("buffers", "header", "kind", "size", "took_us")
-
-    def __init__(self, kind: str, header: dict, buffers: list, took_us: int):
-        self.kind, self.header = kind, header
-        self.buffers = joined(buffers)
-        self.size, self.took_us = size(buffers), took_us
-
-
-class RayWorker(Worker):
+class RayWorker(Place):
     """A host that is a Ray actor, placed by resources; see ``Worker.on_ray``."""
 
     def __init__(self, mode: str = "project", send: Any = (), *, num_cpus: float | None = None,
                  num_gpus: float | None = None, resources: dict[str, float] | None = None,
                  runtime_env: dict[str, Any] | None = None, max_restarts: int = 3,
                  timeout: float | None = None, deadline: float | None = None):
-        self.mode, self.send = checked_mode(mode, send)
-        self.timeout = checked_timeout(timeout)
-        self.deadline = checked_deadline(deadline)
+        super().__init__(mode, send, timeout=timeout, deadline=deadline)
         # Placing an actor may wait for a node to start; a timeout said outright bounds it.
         self.placing = _STARTUP if timeout is None else self.timeout
         self.options = _options(num_cpus, num_gpus, resources, runtime_env, max_restarts)
-        self.limits = Limits()
-        self.token = self.tls = None
-        self._child = self._target = self._listening = self._argv = None
         self._actor: Any = None
         self._where_said = "a Ray actor not started yet"
         self.closed = False
@@ -188,7 +171,7 @@ class _Sent(Pending):
     __slots__ = ("began", "bytes", "header", "pieces", "ref")
 
     def __init__(self, link: RayLink, request: Request):
-        super().__init__(link, request, None)
+        super().__init__(link, request)
         self.header, self.bytes = request.header(), size(request.buffers)
         self.began = time.perf_counter_ns()
         # what the call carries: a large buffer put in the store first, the rest inline
@@ -198,17 +181,17 @@ class _Sent(Pending):
 
 
 class RayLink(Link):
-    """The socket link's reading of replies, over Ray actor calls instead of frames."""
+    """The wire's requests and replies over Ray actor calls instead of frames: an
+    actor runs one caller's calls in the order they were made, so a slice may be sent
+    before the last one's answer is read."""
 
     def __init__(self, worker: RayWorker):
-        super().__init__(worker)
+        self.worker = worker
+        self.lock = threading.Lock()  # calls leave in the order their slices were handed over
+        self.instance: str | None = None  # the actor process, as its ready() says
         self._blobs: dict[str, Any] = {}  # each staged catalog, put in the store once
         self._flying: set[Any] = set()
         self._flying_lock = threading.Lock()
-
-    def sends_ahead(self) -> bool:
-        """Yes: an actor runs one caller's calls in the order they were made."""
-        return True
 
     def run(self, request: Request) -> Outcome:
         """Runs one slice on the actor and answers with what came back."""
@@ -264,9 +247,10 @@ class RayLink(Link):
                     raise WireError(f"host {host!r}: its Ray actor keeps losing its catalog",
                                     host=host)
                 tenancy.live = True
-                reply = _Reply(kind, head, back, (time.perf_counter_ns() - sent.began) // 1000)
-                sent.outcome = self._outcome(host, nodes, reply, sent.bytes, sent.took_sent,
-                                             sent.watching)
+                took = (time.perf_counter_ns() - sent.began) // 1000
+                sent.outcome = outcome_of(host, nodes, kind, head, joined(back),
+                                          sent=sent.bytes, took_sent=sent.took_sent,
+                                          size=size(back), took_us=took, watching=sent.watching)
                 return
         except BaseException as exc:
             sent.error = exc
@@ -279,7 +263,7 @@ class RayLink(Link):
             return
         staged = tenancy.staged
         where = self.worker.where(host)
-        if tenancy.keeps and tenancy.live and tenancy.instance not in (None, self.instance):
+        if tenancy.lost_in(self.instance):
             raise state_lost(host, where, tenancy, "Ray started its actor afresh")
         blob = self._blobs.get(staged.ident)
         if blob is None:
@@ -290,7 +274,7 @@ class RayLink(Link):
         if kind == "need":
             raise state_lost(host, where, tenancy, head.get("gone") or "Ray started its actor afresh")
         if kind == "error":
-            raise self._catalog_refused(host, head, staged)
+            raise catalog_refused(host, where, head)
         tenancy.declared, tenancy.instance = staged.ident, self.instance
 
     def end(self, tenancy: Tenancy) -> None:
@@ -361,9 +345,6 @@ class RayLink(Link):
                 ray.cancel(ref)
             except Exception:  # noqa: BLE001  (it may have finished meanwhile)
                 pass
-
-    def _drop(self) -> None:
-        return None
 
     def close(self) -> None:
         self.cancel()

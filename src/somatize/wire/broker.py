@@ -23,8 +23,7 @@ from .._graph import made_from
 from .._slices import Backend, Outcome, Slice, listing
 from .._walk import LostValue
 from .catalog import catalog_id, pack_values, runtime_of
-from .client import Request, Staged, Tenancy
-from .declare import Worker
+from .transport import Place, Request, Staged, Tenancy
 
 __all__ = ["Broker", "Session"]
 
@@ -49,15 +48,15 @@ class Broker(Backend):
         """Whether every host runs its slices in the order they were sent: yes over a
         socket (a connection is answered in turn) and over Ray (an actor runs one
         caller's calls in the order they were made)."""
-        return all(worker.link.sends_ahead() for worker in self._wires.values())
+        return all(worker.link.ordered for worker in self._wires.values())
 
-    def __init__(self, listing: dict[str, Worker]):
+    def __init__(self, listing: dict[str, Place]):
         if not isinstance(listing, dict):
             raise DeclarationError(f"a broker takes {{host: Worker}}, not a {type(listing).__qualname__}")
         for host, worker in listing.items():
             if not is_host_name(host):
                 raise DeclarationError(f"{host!r} is not a host name (letters, digits, '.', '_', '-')")
-            if not isinstance(worker, Worker):
+            if not isinstance(worker, Place):
                 raise DeclarationError(
                     f"host {host!r} is listed as a {type(worker).__qualname__}; list a Worker, "
                     f"e.g. Worker.at('node3:7000')")
@@ -65,11 +64,11 @@ class Broker(Backend):
         self._stagings: weakref.WeakKeyDictionary[Any, list] = weakref.WeakKeyDictionary()
         self._graphs: weakref.WeakKeyDictionary[Any, Session] = weakref.WeakKeyDictionary()
         # Every host of one wire goes through the first worker listed for it.
-        first: dict[bytes, Worker] = {}
+        first: dict[bytes, Place] = {}
         self._wires = {host: first.setdefault(worker.wire, worker) for host, worker in listing.items()}
 
     @classmethod
-    def embedded(cls, workers: dict[str, Worker]) -> Broker:
+    def embedded(cls, workers: dict[str, Place]) -> Broker:
         """A broker inside this process, knowing where these hosts are."""
         if type(workers) is not dict:
             return cls(workers)
@@ -84,7 +83,7 @@ class Broker(Backend):
         _last = (key, broker)
         return broker
 
-    def worker_for(self, host: str) -> Worker:
+    def worker_for(self, host: str) -> Place:
         """The worker declared for this host; an unknown host is a WireError saying how
         to list it."""
         worker = self._listing.get(host)
@@ -104,7 +103,7 @@ class Broker(Backend):
         """The hosts this broker knows, in the order they were listed."""
         return list(self._listing)
 
-    def wire_of(self, host: str) -> Worker:
+    def wire_of(self, host: str) -> Place:
         """The one worker whose connection every host of this wire uses."""
         worker = self._wires.get(host)
         return worker if worker is not None else self.worker_for(host)
@@ -116,7 +115,7 @@ class Broker(Backend):
         says so (``StateLost``)."""
         return Session(self, keeps)
 
-    def stagings(self, data: Any) -> list[tuple[Worker, Staged]]:
+    def stagings(self, data: Any) -> list[tuple[Place, Staged]]:
         """The catalog each wire a graph uses is provisioned with: the nodes of all
         its hosts, packed once per data form of the graph. Hosts nobody listed are
         left to fail when a slice needs them."""
@@ -125,7 +124,7 @@ class Broker(Backend):
             found = self._stagings[data] = self._stage_all(data)
         return found
 
-    def _stage_all(self, data: Any) -> list[tuple[Worker, Staged]]:
+    def _stage_all(self, data: Any) -> list[tuple[Place, Staged]]:
         wires: dict[bytes, list[str]] = {}
         for host in dict.fromkeys(data.hosts.values()):
             token = self.token_for(host)
@@ -172,7 +171,7 @@ class Broker(Backend):
         return f"Broker({self._listing!r})"
 
 
-def _pack(data: Any, worker: Worker, hosts: set[str]) -> Staged:
+def _pack(data: Any, worker: Place, hosts: set[str]) -> Staged:
     here = {n for n, h in data.hosts.items() if h in hosts}
     kind, blob_id, blob = worker.packed({n: data.impls[n] for n in data.ids if n in here})
     runtime = runtime_of(data, here)
@@ -198,7 +197,7 @@ class Session(Backend):
         """Another session on the same workers (sessions do not nest)."""
         return self.broker.session(keeps)
 
-    def _tenancy(self, worker: Worker) -> Tenancy:
+    def _tenancy(self, worker: Place) -> Tenancy:
         found = self._tenancies.get(worker.wire)
         if found is None:
             found = self._tenancies[worker.wire] = Tenancy(self.id, self.keeps)
@@ -217,7 +216,7 @@ class Session(Backend):
 
     def submit(self, piece: Slice) -> Any:
         worker = self.broker.wire_of(piece.host)
-        if not worker.link.sends_ahead():
+        if not worker.link.ordered:
             return super().submit(piece)
         worker, request = self._request(piece)
         return worker.link.submit(request)
@@ -229,7 +228,7 @@ class Session(Backend):
             if tenancy is not None:
                 worker.link.end(tenancy)
 
-    def _request(self, piece: Slice) -> tuple[Worker, Request]:
+    def _request(self, piece: Slice) -> tuple[Place, Request]:
         """The wire a slice goes over, and the request its link sends."""
         host, data = piece.host, piece.data
         worker = self.broker.wire_of(host)
@@ -276,4 +275,4 @@ def _stranded(data: Any, pred: str, value: LostValue, nodes: Any, host: str) -> 
         node=pred, host=value.host)
 
 
-listing(Worker, Broker.embedded)  # forward(broker={"gpu": Worker.at(...)}) means this
+listing(Place, Broker.embedded)  # forward(broker={"gpu": Worker.at(...)}) means this

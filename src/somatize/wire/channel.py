@@ -88,6 +88,16 @@ class Channel:
                 return self._send_pieces(pieces)
             return self._send_reading(pieces, reading)
 
+    def send_if(self, kind: str, still: Any) -> bool:
+        """Sends a frame with no header or buffers, if ``still()`` holds once no other
+        send is under way (a heartbeat, which must never follow its slice's answer);
+        answers whether it was sent."""
+        with self.lock:
+            if not still():
+                return False
+            self._send_pieces(encode(kind, None, [], self.keyed))
+            return True
+
     def _send_reading(self, pieces: list[Any], reading: Any) -> int:
         sock = self.sock
         timeout = sock.gettimeout()

@@ -1,10 +1,11 @@
-"""The client's end of a wire: one connection to one worker, opened at first need.
+"""The client's end of a socket: one connection to one worker, opened at first need.
 
-A Link is opened when a slice needs it, kept open between forwards, and reopened
-(with the catalog sent again if the worker asks) when the worker behind it restarted.
-Every failure is translated here, once, into an error that names the host: nothing
-answers, the worker died mid-slice, it went silent past the timeout, it does not share
-our token, or it said something that is not a frame.
+A SocketLink is opened when a slice needs it, kept open between forwards, and reopened
+when it broke (the sessions the worker holds outlive a connection; a worker that
+restarted is told apart by the instance its welcome names). Every failure is
+translated here, once, into an error that names the host: nothing answers, the worker
+died mid-slice, it went silent past the timeout or past a call's deadline, it does not
+share our token, or it said something that is not a frame.
 """
 
 from __future__ import annotations
@@ -15,149 +16,31 @@ import socket
 import ssl
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any
 
-from .. import _errors
+from .._errors import ProtocolError, Silent, Unauthorised, WireError
 from .._slices import Outcome
-from .._errors import (DeclarationError, Lost, NodeError, ProtocolError, Silent, StateLost,
-                       Unauthorised, UnwritableError, WireError)
-from .catalog import unpack_values
 from .channel import Channel, Closed
-from .protocol import HANDSHAKE, VERSION, Keyed, derive_key, new_nonce, proof, connection_key
+from .protocol import HANDSHAKE, VERSION, Keyed, connection_key, derive_key, new_nonce, proof
+from .transport import (Link, Pending, Request, Tenancy, catalog_refused, outcome_of,
+                        state_lost)
 
-__all__ = ["Link", "Outcome", "Pending", "RemoteTraceback", "Request", "Staged", "Tenancy",
-           "state_lost"]
-
-
-@dataclass(frozen=True)
-class Staged:
-    """A catalog waiting to be sent, if and when the far side asks for it; ``nodes``
-    are the user's ids of what it holds, to name them when its state is lost."""
-
-    ident: str
-    kind: str
-    blob_id: str
-    blob: bytes
-    runtime: dict[str, Any]
-    nodes: tuple[str, ...] = ()
+__all__ = ["SocketLink", "SocketPending"]
 
 
-@dataclass(eq=False)
-class Tenancy:
-    """One client session on one wire, as this client knows it: its id, whether its
-    owner keeps state there (a Trainer's trainers), the catalog staged for it, and
-    what the worker was last known to hold for it (which catalog, in which process,
-    and whether a slice has run there since)."""
+class SocketPending(Pending):
+    """A slice sent on a socket and not answered yet: ``result()`` reads its answer (and
+    those of the slices sent before it on the same connection, which come first)."""
 
-    session: bytes
-    keeps: bool = False
-    staged: Staged | None = None
-    declared: str | None = None
-    instance: str | None = None
-    live: bool = False
+    __slots__ = ("args", "sent_at")
 
-    def declared_in(self, instance: str | None) -> bool:
-        """Whether the worker process ``instance`` holds this session's staged catalog."""
-        return (self.staged is None or
-                (self.declared == self.staged.ident and self.instance == instance))
-
-
-@dataclass(slots=True)
-class Request:
-    """One slice to send, whichever transport carries it: which session it runs in,
-    the host and its nodes, the values' trees and buffers, what stayed there that it
-    reads (``refs``), what is wanted back, whether it is watched, which forward it is
-    part of, and whether it walks its nodes back."""
-
-    tenancy: Tenancy
-    host: str
-    nodes: list[str]
-    tree: Any
-    buffers: list[Any]
-    refs: list[str]
-    wanted: list[str]
-    watching: bool
-    forward: str | None
-    transposed: bool = False
-
-    def header(self) -> dict[str, Any]:
-        """The slice's request header; what is off is left out, so the common request
-        stays small."""
-        header: dict[str, Any] = {"f": bytes.fromhex(self.forward) if self.forward else bytes(16),
-                                  "n": self.nodes, "w": self.wanted, "v": self.tree,
-                                  "s": self.tenancy.session}
-        if self.refs:
-            header["r"] = self.refs
-        if self.watching:
-            header["x"] = True
-        if self.transposed:
-            header["t"] = True
-        return header
-
-
-def state_lost(host: str, where: str, tenancy: Tenancy, why: str) -> StateLost:
-    """The error for a session whose state on a worker is gone, naming what was there."""
-    nodes = tenancy.staged.nodes if tenancy.staged is not None else ()
-    held = ", ".join(map(repr, nodes)) or "its nodes"
-    return StateLost(
-        f"host {host!r} ({where}) no longer holds what {held} learnt there: {why}. Their "
-        "weights, optimizer state and open groups lived only there, and this client will "
-        "not start them again from its own first copy; resume from a checkpoint "
-        "(Trainer.resume(store, name)), which starts the session afresh and restores them",
-        host=host, nodes=list(nodes))
-
-
-class RemoteTraceback(Exception):
-    """The traceback of an exception raised on a worker, as the text it printed there.
-
-    It is the ``__cause__`` of the error raised here (or of that error's own cause), so
-    printing the error's traceback shows the worker's frames above it, the way
-    ``concurrent.futures`` shows a child process's.
-    """
-
-    def __init__(self, text: str, host: str):
-        super().__init__(text)
-        self.text, self.host = text, host
-
-    def __str__(self) -> str:
-        return f"on host {self.host!r}:\n{self.text.rstrip()}"
-
-
-# What a worker's refusal is called there, and what it becomes here.
-_PLAIN = {name: getattr(_errors, name) for name in (
-    "EdgeError", "DeclarationError", "UnwritableError", "CacheError", "OutOfStep", "NoGradient")}
-
-
-class Pending:
-    """A slice sent and not answered yet: ``result()`` reads its answer (and those of
-    the slices sent before it on the same wire, which come first) and answers the
-    Outcome, or raises what went wrong, naming the host."""
-
-    __slots__ = ("args", "error", "host", "link", "nodes", "outcome", "sent", "sent_at",
-                 "settled", "tenancy", "took_sent", "watching")
-
-    def __init__(self, link: Link, request: Request, args: tuple | None):
-        self.link, self.host, self.nodes = link, request.host, request.nodes
-        self.watching, self.tenancy, self.args = request.watching, request.tenancy, args
-        self.settled = False
-        self.outcome: Outcome | None = None
-        self.error: BaseException | None = None
-        self.sent = self.took_sent = 0
+    def __init__(self, link: SocketLink, request: Request):
+        super().__init__(link, request)
+        self.args: tuple | None = (request.header(), request.buffers)
         self.sent_at = 0.0  # time.monotonic() when it went out, for a call's deadline
 
-    def done(self) -> bool:
-        return self.settled
 
-    def result(self) -> Outcome:
-        if not self.settled:
-            self.link.settle(self)
-        if self.error is not None:
-            raise self.error
-        return self.outcome
-
-
-class Link:
+class SocketLink(Link):
     """One connection to one worker. Requests go out in order, and may go out before
     the answers to earlier ones are read (a pipeline, a fan-out): the worker answers
     them in the order it got them, so ``inflight`` is read oldest first.
@@ -169,21 +52,17 @@ class Link:
 
     def __init__(self, worker: Any):
         self.worker = worker
+        self.ordered = True  # a connection's requests are answered in the order they came
         self.channel: Channel | None = None
         self.lock = threading.Lock()
         self.instance: str | None = None  # the worker process the connection reaches
-        self.inflight: collections.deque[Pending] = collections.deque()
+        self.inflight: collections.deque[SocketPending] = collections.deque()
         self._sending = False
-
-    def sends_ahead(self) -> bool:
-        """Whether ``submit`` may send now and read later, keeping the order slices were
-        sent in: on this socket link, yes; a link that only overrides ``run`` is not."""
-        return type(self).run is Link.run
 
     # -- a slice --------------------------------------------------------------------
     def run(self, request: Request) -> Outcome:
         """Runs one slice there and answers with what came back."""
-        pending = Pending(self, request, (request.header(), request.buffers))
+        pending = SocketPending(self, request)
         with self.lock:  # sent and read under one hold of the lock: the common case
             self._send(pending, retry=True)
             while not pending.settled:
@@ -192,14 +71,14 @@ class Link:
             raise pending.error
         return pending.outcome
 
-    def submit(self, request: Request) -> Pending:
+    def submit(self, request: Request) -> SocketPending:
         """Sends one slice now; its answer is read by the ``Pending``'s ``result()``."""
-        pending = Pending(self, request, (request.header(), request.buffers))
+        pending = SocketPending(self, request)
         with self.lock:
             self._send(pending, retry=True)
         return pending
 
-    def _send(self, pending: Pending, retry: bool) -> None:
+    def _send(self, pending: SocketPending, retry: bool) -> None:
         """Sends a slice (under the lock), reading earlier answers meanwhile where the
         socket is full, so that neither side waits on the other to read."""
         host, nodes = pending.host, pending.nodes
@@ -233,7 +112,7 @@ class Link:
             self.inflight.append(pending)
             return
 
-    def settle(self, pending: Pending) -> None:
+    def settle(self, pending: SocketPending) -> None:
         """Reads answers, oldest first, until ``pending``'s is in."""
         with self.lock:
             while not pending.settled:
@@ -296,7 +175,7 @@ class Link:
             self._settle(pending, outcome, None)
 
     @staticmethod
-    def _settle(pending: Pending, outcome: Outcome | None, error: BaseException | None) -> None:
+    def _settle(pending: SocketPending, outcome: Outcome | None, error: BaseException | None) -> None:
         pending.outcome, pending.error, pending.settled = outcome, error, True
         pending.args = None
 
@@ -306,64 +185,11 @@ class Link:
 
     def _outcome(self, host: str, nodes: list[str], reply: Any, sent: int, took_sent: int,
                  watching: bool) -> Outcome:
-        head = reply.header
-        facts = []
-        if watching:
-            facts.append({"fact": "sent", "host": host, "bytes": sent, "took_us": took_sent})
-            facts.extend(self._facts(head, host))
-            facts.append({"fact": "received", "host": host, "bytes": reply.size,
-                          "took_us": reply.took_us})
-        if reply.kind == "error":
-            raise self._refusal(host, nodes, head, facts)
-        if reply.kind != "done":
+        if reply.kind not in ("done", "error"):
             self._drop()
-            raise ProtocolError(f"host {host!r} answered a slice with {reply.kind!r}", host=host)
-        try:
-            values = unpack_values(head.get("v", {}), reply.buffers)
-        except UnwritableError as exc:
-            raise UnwritableError(f"host {host!r} answered slice {nodes} with {exc}") from None
-        except (ProtocolError, KeyError, TypeError, AttributeError) as exc:
-            raise ProtocolError(f"host {host!r} answered slice {nodes} with malformed values "
-                                f"({exc})", host=host) from None
-        lost = head.get("l") or {}
-        if type(values) is not dict or type(lost) is not dict:
-            raise ProtocolError(f"host {host!r} answered with malformed values", host=host)
-        return Outcome(values, lost, facts)
-
-    @staticmethod
-    def _facts(head: dict[str, Any], host: str) -> list[dict]:
-        facts = []
-        for fact in head.get("x") or []:
-            if type(fact) is dict:
-                fact = unpack_values(fact, [])
-                fact["host"] = host
-                facts.append(fact)
-        return facts
-
-    def _refusal(self, host: str, nodes: list[str], head: dict[str, Any],
-                 facts: list[dict]) -> Exception:
-        what, message = head.get("e"), str(head.get("m", ""))
-        remote = RemoteTraceback(str(head["tb"]), host) if head.get("tb") else None
-        if what == "NodeError":
-            kind = str(head.get("kind", ""))
-            exc: Exception = NodeError(f"{message} on host {host!r}", node=str(head.get("node")),
-                                       host=host, kind=kind)
-            if kind in _PLAIN:  # one of ours (OutOfStep, say): the same cause as here
-                exc.__cause__ = _PLAIN[kind](f"{head.get('cause', message)} (on host {host!r})")
-                exc.__cause__.__cause__ = remote
-            else:
-                exc.__cause__ = remote
-            exc.facts = facts  # type: ignore[attr-defined]
-            return exc
-        if what == "Lost":
-            exc = Lost(f"{message} (host {host!r})", node=str(head.get("node")), host=host)
-        elif what in _PLAIN:
-            exc = _PLAIN[what](f"{message} (on host {host!r})")
-        else:
-            exc = WireError(f"host {host!r} could not run slice {nodes}: {what}: {message}", host=host)
-        exc.__cause__ = remote
-        exc.facts = facts  # type: ignore[attr-defined]
-        return exc
+        return outcome_of(host, nodes, reply.kind, reply.header, reply.buffers, sent=sent,
+                          took_sent=took_sent, size=reply.size, took_us=reply.took_us,
+                          watching=watching)
 
     # -- the catalog ----------------------------------------------------------------
     def _declare(self, host: str, tenancy: Tenancy) -> None:
@@ -372,7 +198,7 @@ class Link:
         handed its first copy again: that it is gone is said (``StateLost``)."""
         staged = tenancy.staged
         where = self.worker.where(host)
-        if tenancy.keeps and tenancy.live and tenancy.instance not in (None, self.instance):
+        if tenancy.lost_in(self.instance):
             raise state_lost(host, where, tenancy, f"the worker restarted (it was process "
                              f"{tenancy.instance[:12]}, and is {str(self.instance)[:12]} now)")
         head = {"c": staged.ident, "s": tenancy.session}
@@ -386,7 +212,7 @@ class Link:
                                               "k": tenancy.keeps}, [staged.blob], sealed=True)
             reply = self._answer(host, "while receiving its catalog")
         if reply.kind == "error":
-            raise self._catalog_refused(host, reply.header, staged)
+            raise catalog_refused(host, where, reply.header)
         if reply.kind != "ok":
             self._drop()
             raise ProtocolError(f"host {host!r} answered a catalog with {reply.kind!r}", host=host)
@@ -405,22 +231,6 @@ class Link:
                 self._answer("", "while ending a session")
             except WireError:
                 pass
-
-    def _catalog_refused(self, host: str, head: dict[str, Any], staged: Staged) -> WireError:
-        if head.get("e") == "session":
-            return DeclarationError(f"host {host!r} ({self.worker.where(host)}) refused the "
-                                    f"catalog: {head.get('m')}")
-        module = head.get("module")
-        hint = ""
-        if module:
-            hint = (f"; in mode='project' the worker imports module {module!r} from its own "
-                    "installation: install it there (or put it on its PYTHONPATH), or use "
-                    f"mode='network', send=[{module!r}] so the code travels")
-        refused = WireError(f"host {host!r} cannot load the catalog it was sent: "
-                            f"{head.get('m')}{hint}", host=host)
-        if head.get("tb"):
-            refused.__cause__ = RemoteTraceback(str(head["tb"]), host)
-        return refused
 
     def _too_large(self, host: str, what: str, exc: ProtocolError) -> ProtocolError:
         return ProtocolError(

@@ -14,26 +14,41 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .._errors import ProtocolError
 from .channel import Channel, Closed
-from .host import Holding, Refused, answer, failed, provisioned, refused_catalog, short
+from .host import Holding, Refused, Sessions, answer, failed, provisioned, refused_catalog, short
 from .log import quoted, say
 from .protocol import (
     HANDSHAKE,
     VERSION,
-    OtherVersion,
     Keyed,
-    encode,
+    OtherVersion,
+    connection_key,
     new_nonce,
     proof,
     refusal,
-    connection_key,
 )
 
-if TYPE_CHECKING:  # the server hands itself in; nothing here calls it by name
-    from .server import Server
+
+class Serving(Protocol):
+    """What a connection needs of the worker that admitted it (``server.Server``, which
+    hands itself in): its settings, its sessions, and two calls back."""
+
+    token: bytes | None
+    tls: Any
+    timeout: float
+    key: bytes | None
+    salt: bytes
+    limits: Any
+    instance: str
+    sessions: Sessions
+    stopping: threading.Event
+
+    def authenticated(self, connection: Connection) -> bool: ...
+
+    def forget(self, connection: Connection) -> None: ...
 
 __all__ = ["Connection", "short"]
 
@@ -41,7 +56,7 @@ __all__ = ["Connection", "short"]
 class Connection:
     """One client: its handshake, its frames, and what stayed here for its forward."""
 
-    def __init__(self, server: Server, sock: socket.socket, peer: Any, number: int):
+    def __init__(self, server: Serving, sock: socket.socket, peer: Any, number: int):
         self.server = server
         self.number = number
         self.since = time.monotonic()
@@ -186,13 +201,11 @@ class Connection:
         while not self.closed.wait(self.interval):
             if self.busy_since is None:
                 continue
-            with self.channel.lock:
-                if self.busy_since is None or self.closed.is_set():
-                    continue
-                try:
-                    self.channel._send_pieces(encode("beat", None, [], self.channel.keyed))
-                except OSError:
-                    return
+            try:
+                self.channel.send_if("beat", lambda: self.busy_since is not None
+                                     and not self.closed.is_set())
+            except OSError:
+                return
 
     # -- requests -------------------------------------------------------------------
     def _serve(self) -> None:

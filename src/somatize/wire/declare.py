@@ -28,11 +28,11 @@ from typing import Any
 
 from .._errors import DeclarationError, WireError
 from .._optional import optional
-from .catalog import MODES, pack_nodes
-from .client import Link
+from .client import SocketLink
 from .protocol import Limits
+from .transport import Place
 
-__all__ = ["Worker", "checked_mode", "checked_timeout", "parse_address", "place"]
+__all__ = ["Worker", "parse_address", "provides"]
 
 _LISTENING = re.compile(r"^listening on (\[[0-9A-Fa-f:.]+\]|[^\s:]+):(\d+)\s*$")
 _STARTUP = 60.0  # how long a child may take to say where it listens
@@ -49,34 +49,6 @@ def parse_address(addr: Any, listening: bool = False) -> tuple[str, int]:
             "'node3:7000', '127.0.0.1:7000' or '[::1]:7000'"
         )
     return match.group(1).strip("[]"), port
-
-
-def _timeout(timeout: Any) -> float:
-    if timeout is None:
-        said = os.environ.get("SOMATIZE_TIMEOUT")
-        if not said:
-            return 30.0
-        try:
-            timeout = float(said)
-        except ValueError:
-            raise DeclarationError(f"SOMATIZE_TIMEOUT={said!r} is not a number of seconds") from None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise DeclarationError(f"a worker's timeout is a positive number of seconds, not {timeout!r}")
-    return float(timeout)
-
-
-checked_timeout = _timeout  # for the workers of other transports
-
-
-def checked_deadline(deadline: Any) -> float | None:
-    """A per-call deadline in seconds, or None for none (the default: a slice may
-    compute for hours while the worker says it is alive)."""
-    if deadline is None:
-        return None
-    if isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or not deadline > 0:
-        raise DeclarationError(f"a worker's deadline is a positive number of seconds (or None "
-                               f"for none), not {deadline!r}")
-    return float(deadline)
 
 
 def _token(token: Any) -> bytes | None:
@@ -104,28 +76,16 @@ def _tls(tls: Any) -> ssl.SSLContext | None:
         f"tls is an ssl.SSLContext, the path of a CA file, or True, not {tls!r}")
 
 
-def checked_mode(mode: Any, send: Any) -> tuple[str, tuple[str, ...]]:
-    """``(mode, send)`` as a worker holds them, or the DeclarationError saying what is wrong."""
-    if mode not in MODES:
-        raise DeclarationError(f"a worker's mode is 'project' or 'network', not {mode!r}")
-    if isinstance(send, str) or not all(isinstance(m, str) and m for m in send):
-        raise DeclarationError(f"send is a list of module names, e.g. ['my_package'], not {send!r}")
-    if send and mode != "network":
-        raise DeclarationError(
-            f"send={list(send)!r} only means something with mode='network', where code "
-            "travels; in mode='project' the worker imports it from its own installation")
-    return mode, tuple(send)
-
-
-# Places a worker can be besides a socket. Each is filled in by a module of a layer
-# above this one (it subclasses Worker), which says so with ``place`` as it loads. The
-# wire imports none of them: asking for a place finds its module by the name written
-# here, the way fsspec finds its implementations, so a user need not import it first.
-_PLACED_BY = {"ray": ("somatize.ray", "ray")}  # place: (its module, the extra it needs)
+# Places a worker can be besides a socket. Each is filled in by a module (of a layer
+# above this one, or beside it) that subclasses Place and says so with ``provides`` as
+# it loads. Asking for a place finds its module by the name written here, the way
+# fsspec finds its implementations, so a user need not import it first.
+_PLACED_BY = {"ray": ("somatize.ray", "ray"),  # place: (its module, the extra it needs)
+              "in_process": ("somatize.wire.inprocess", "wire")}
 _places: dict[str, Any] = {}
 
 
-def place(name: str, make: Any) -> None:
+def provides(name: str, make: Any) -> None:
     """Says that ``Worker.on_<name>(...)`` is answered by ``make(mode, send, **options)``."""
     _places[name] = make
 
@@ -143,8 +103,9 @@ def _placed(name: str) -> Any:
     return make
 
 
-class Worker:
-    """Where a slice goes, and how to pack for it. It opens nothing.
+class Worker(Place):
+    """A worker process reached over a socket: where a slice goes, and how to pack for
+    it. It opens nothing.
 
     ``target`` is an address (``"node3:7000"``, a worker already standing) or an argv
     (a child to start). ``mode="project"`` sends nodes by reference (the worker
@@ -162,10 +123,7 @@ class Worker:
                  *, token: str | bytes | None = None, tls: Any = None,
                  timeout: float | None = None, limits: Limits | None = None,
                  deadline: float | None = None):
-        self.mode, self.send = checked_mode(mode, send)
-        self.timeout = _timeout(timeout)
-        self.deadline = checked_deadline(deadline)
-        self.limits = limits or Limits()
+        super().__init__(mode, send, timeout=timeout, deadline=deadline, limits=limits)
         self._child: subprocess.Popen | None = None
         self._listening: tuple[str, int] | None = None
         self._start_lock = threading.Lock()
@@ -183,7 +141,7 @@ class Worker:
             raise DeclarationError(
                 f"a worker is declared with an address ('node3:7000') or an argv to start, "
                 f"not {target!r}")
-        self._link = Link(self)
+        self._link = SocketLink(self)
         self._wire = (b"at " + f"{self._target[0].lower()}:{self._target[1]}".encode()
                       if self._target else b"child " + secrets.token_hex(16).encode())
 
@@ -238,21 +196,14 @@ class Worker:
                     runtime_env=runtime_env, max_restarts=max_restarts, timeout=timeout,
                     deadline=deadline)
 
-    @property
-    def link(self) -> Link:
-        """The client's end of this worker's wire, which every slice for it goes through."""
-        return self._link
-
-    @property
-    def wire(self) -> bytes:
-        """What names this worker's wire: two workers declared at one address share it."""
-        return self._wire
-
-    def packed(self, nodes: dict[str, Any]) -> tuple[str, str, bytes]:
-        """These nodes the way this worker wants them: ``(kind, id, bytes)``."""
-        if not isinstance(nodes, dict):
-            raise TypeError(f"packed takes {{node_id: node}}, not a {type(nodes).__qualname__}")
-        return pack_nodes(nodes, self.mode, self.send)
+    @classmethod
+    def in_process(cls, mode: str = "network", send: Sequence[str] = (), *,
+                   deadline: float | None = None) -> Place:
+        """A host in this very process, reached through a real pickle round trip of every
+        message and run by the worker's own code (``wire.host``): what a test, or a
+        notebook with no second machine, hands a broker where a worker would go. Its
+        ``restart()`` makes it a fresh host, as a worker that restarted is."""
+        return _placed("in_process")(mode, send, deadline=deadline)
 
     # -- the child --------------------------------------------------------------------
     def _start(self) -> None:
@@ -323,19 +274,9 @@ class Worker:
         if child is not None:
             _end(child)
 
-    def __enter__(self) -> Worker:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def __repr__(self) -> str:
         where = self.where("") if (self._target or self._listening) else f"child {self._argv!r}"
         return f"Worker({where}, mode={self.mode!r})"
-
-    def __reduce__(self) -> Any:
-        raise TypeError("a Worker holds a connection or a child process and cannot be pickled; "
-                        "declare it where it is used")
 
 
 def _site_dirs() -> set[str]:

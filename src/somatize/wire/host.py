@@ -90,8 +90,9 @@ class Sessions:
     is let go; a session let go is remembered as gone, with the reason, so its owner
     is told rather than handed a fresh copy of what it had."""
 
-    def __init__(self, most: int = 64, lease: float = 86400.0):
+    def __init__(self, most: int = 64, lease: float = 86400.0, routine: Any = None):
         self.most, self.lease = most, lease
+        self._routine = say.routine if routine is None else routine  # the everyday lines
         self._held: collections.OrderedDict[bytes, Tenant] = collections.OrderedDict()
         self._gone: collections.OrderedDict[bytes, str] = collections.OrderedDict()
         self._lock = threading.Lock()
@@ -142,7 +143,7 @@ class Sessions:
             self._gone.pop(session, None)
             count = len(self._held)
         verb = "replaces its catalog with" if tenant is not None else "holds"
-        say.routine("session %s %s catalog %s: %s (%d session%s held)", session.hex()[:12], verb,
+        self._routine("session %s %s catalog %s: %s (%d session%s held)", session.hex()[:12], verb,
                     short(ident), _held_nodes(graph), count, "" if count == 1 else "s")
 
     def end(self, session: bytes) -> bool:
@@ -152,7 +153,7 @@ class Sessions:
             if tenant is not None:
                 self._forget(session, "its owner closed it")
         if tenant is not None:
-            say.routine("session %s closed by its owner", session.hex()[:12])
+            self._routine("session %s closed by its owner", session.hex()[:12])
         return tenant is not None
 
     def _expire(self, now: float) -> None:

@@ -1,0 +1,370 @@
+"""The seam every transport fills: what a request is, how its answer is read, and the
+two small classes a transport subclasses.
+
+A transport is a ``Place`` (how a host is declared: how its nodes are packed, where it
+is, what its link is) and a ``Link`` (the client's end: ``submit`` a ``Request`` and get
+a ``Pending`` whose ``result()`` is the ``Outcome``). Everything the transports share is
+here once: the request and its header, the catalog a session stages, what the client
+knows of each session it holds somewhere (``Tenancy``), reading an answer into an
+Outcome or the error it stands for, and ``StateLost``'s words. The host's side is
+``host.answer``, which every transport's host calls. The socket (``client``,
+``connection``), Ray (``somatize.ray``) and this process (``inprocess``) are one link
+each, side by side; ``docs/concepts.md`` says how to add one.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .. import _errors
+from .._errors import (DeclarationError, Lost, NodeError, ProtocolError, StateLost,
+                       UnwritableError, WireError)
+from .._slices import Outcome
+from .catalog import MODES, pack_nodes, unpack_values
+from .protocol import Limits
+
+__all__ = ["Link", "Pending", "Place", "RemoteTraceback", "Request", "Staged", "Tenancy",
+           "catalog_refused", "checked_deadline", "checked_mode", "checked_timeout",
+           "outcome_of", "state_lost"]
+
+
+# -- what a client sends ------------------------------------------------------------------
+@dataclass(frozen=True)
+class Staged:
+    """A catalog waiting to be sent, if and when the far side asks for it; ``nodes``
+    are the user's ids of what it holds, to name them when its state is lost."""
+
+    ident: str
+    kind: str
+    blob_id: str
+    blob: bytes
+    runtime: dict[str, Any]
+    nodes: tuple[str, ...] = ()
+
+
+@dataclass(eq=False)
+class Tenancy:
+    """One client session on one host, as this client knows it: its id, whether its
+    owner keeps state there (a Trainer's trainers), the catalog staged for it, and
+    what the host was last known to hold for it (which catalog, in which process, and
+    whether a slice has run there since)."""
+
+    session: bytes
+    keeps: bool = False
+    staged: Staged | None = None
+    declared: str | None = None
+    instance: str | None = None
+    live: bool = False
+
+    def declared_in(self, instance: str | None) -> bool:
+        """Whether the host process ``instance`` holds this session's staged catalog."""
+        return (self.staged is None or
+                (self.declared == self.staged.ident and self.instance == instance))
+
+    def lost_in(self, instance: str | None) -> bool:
+        """Whether what this session learnt is gone: it keeps state, has run, and the
+        host is another process than the one that held it."""
+        return self.keeps and self.live and self.instance not in (None, instance)
+
+
+@dataclass(slots=True)
+class Request:
+    """One slice to send, whichever transport carries it: which session it runs in,
+    the host and its nodes, the values' trees and buffers, what stayed there that it
+    reads (``refs``), what is wanted back, whether it is watched, which forward it is
+    part of, and whether it walks its nodes back."""
+
+    tenancy: Tenancy
+    host: str
+    nodes: list[str]
+    tree: Any
+    buffers: list[Any]
+    refs: list[str]
+    wanted: list[str]
+    watching: bool
+    forward: str | None
+    transposed: bool = False
+
+    def header(self) -> dict[str, Any]:
+        """The slice's request header; what is off is left out, so the common request
+        stays small."""
+        header: dict[str, Any] = {"f": bytes.fromhex(self.forward) if self.forward else bytes(16),
+                                  "n": self.nodes, "w": self.wanted, "v": self.tree,
+                                  "s": self.tenancy.session}
+        if self.refs:
+            header["r"] = self.refs
+        if self.watching:
+            header["x"] = True
+        if self.transposed:
+            header["t"] = True
+        return header
+
+
+# -- the two classes a transport subclasses ---------------------------------------------------
+class Pending:
+    """A slice handed to a link and not read back yet: ``result()`` answers its Outcome,
+    or raises what went wrong, naming the host. A link settles it by setting
+    ``outcome`` or ``error`` and ``settled``; ``settle`` is how it reads one it has not."""
+
+    __slots__ = ("error", "host", "link", "nodes", "outcome", "sent", "settled", "tenancy",
+                 "took_sent", "watching")
+
+    def __init__(self, link: Link, request: Request):
+        self.link, self.host, self.nodes = link, request.host, request.nodes
+        self.watching, self.tenancy = request.watching, request.tenancy
+        self.settled = False
+        self.outcome: Outcome | None = None
+        self.error: BaseException | None = None
+        self.sent = self.took_sent = 0
+
+    def done(self) -> bool:
+        return self.settled
+
+    def result(self) -> Outcome:
+        if not self.settled:
+            self.link.settle(self)
+        if self.error is not None:
+            raise self.error
+        return self.outcome
+
+
+class Link:
+    """The client's end of one transport to one host: the interface the Broker uses.
+
+    ``submit`` sends a request now and answers a ``Pending``; ``run`` is one round
+    trip. ``ordered`` says that a host runs one caller's requests in the order they
+    were submitted, which lets a wave and a pipeline send ahead. ``end`` tells the host
+    a session is over, ``close`` lets the transport go. ``instance`` names the host
+    process the link reaches, so a session can tell that it restarted."""
+
+    ordered = True
+    instance: str | None = None
+
+    def submit(self, request: Request) -> Pending:
+        raise NotImplementedError(f"{type(self).__qualname__} does not say how it sends a slice")
+
+    def settle(self, pending: Pending) -> None:
+        """Reads the answer of a pending slice (a link that answers at once never needs to)."""
+        raise NotImplementedError(f"{type(self).__qualname__} left a slice unanswered")
+
+    def run(self, request: Request) -> Outcome:
+        return self.submit(request).result()
+
+    def end(self, tenancy: Tenancy) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+class Place:
+    """Where a host is, for one transport: a declaration, which opens nothing.
+
+    ``mode="project"`` sends nodes by reference (the host imports their code);
+    ``"network"`` sends the code as well, and ``send=["my_package"]`` makes those
+    modules travel by value. ``timeout`` bounds a silence, ``deadline`` (off by
+    default) each call in all. A subclass sets ``_link`` and ``_wire``, and says
+    ``where`` a host is in words."""
+
+    _link: Link
+    _wire: bytes
+
+    def __init__(self, mode: str = "project", send: Sequence[str] = (), *,
+                 timeout: float | None = None, deadline: float | None = None,
+                 limits: Limits | None = None):
+        self.mode, self.send = checked_mode(mode, send)
+        self.timeout = checked_timeout(timeout)
+        self.deadline = checked_deadline(deadline)
+        self.limits = limits or Limits()
+
+    @property
+    def link(self) -> Link:
+        """The client's end of this place's transport, which every slice for it uses."""
+        return self._link
+
+    @property
+    def wire(self) -> bytes:
+        """What names this place's wire: two places that are one host share it."""
+        return self._wire
+
+    def where(self, host: str) -> str:
+        """Where the host is, in words, for messages."""
+        return type(self).__qualname__
+
+    def packed(self, nodes: dict[str, Any]) -> tuple[str, str, bytes]:
+        """These nodes the way this place wants them: ``(kind, id, bytes)``."""
+        if not isinstance(nodes, dict):
+            raise TypeError(f"packed takes {{node_id: node}}, not a {type(nodes).__qualname__}")
+        return pack_nodes(nodes, self.mode, self.send)
+
+    def close(self) -> None:
+        self._link.close()
+
+    def __enter__(self) -> Place:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __reduce__(self) -> Any:
+        raise TypeError(f"a {type(self).__qualname__} holds a connection or a process and "
+                        "cannot be pickled; declare it where it is used")
+
+
+# -- what a declaration is checked for ----------------------------------------------------
+def checked_mode(mode: Any, send: Any) -> tuple[str, tuple[str, ...]]:
+    """``(mode, send)`` as a place holds them, or the DeclarationError saying what is wrong."""
+    if mode not in MODES:
+        raise DeclarationError(f"a worker's mode is 'project' or 'network', not {mode!r}")
+    if isinstance(send, str) or not all(isinstance(m, str) and m for m in send):
+        raise DeclarationError(f"send is a list of module names, e.g. ['my_package'], not {send!r}")
+    if send and mode != "network":
+        raise DeclarationError(
+            f"send={list(send)!r} only means something with mode='network', where code "
+            "travels; in mode='project' the worker imports it from its own installation")
+    return mode, tuple(send)
+
+
+def checked_timeout(timeout: Any) -> float:
+    """A silence's bound in seconds: given, or ``SOMATIZE_TIMEOUT``, or 30."""
+    if timeout is None:
+        said = os.environ.get("SOMATIZE_TIMEOUT")
+        if not said:
+            return 30.0
+        try:
+            timeout = float(said)
+        except ValueError:
+            raise DeclarationError(f"SOMATIZE_TIMEOUT={said!r} is not a number of seconds") from None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise DeclarationError(f"a worker's timeout is a positive number of seconds, not {timeout!r}")
+    return float(timeout)
+
+
+def checked_deadline(deadline: Any) -> float | None:
+    """A per-call deadline in seconds, or None for none (the default: a slice may
+    compute for hours while the worker says it is alive)."""
+    if deadline is None:
+        return None
+    if isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or not deadline > 0:
+        raise DeclarationError(f"a worker's deadline is a positive number of seconds (or None "
+                               f"for none), not {deadline!r}")
+    return float(deadline)
+
+
+# -- reading an answer ----------------------------------------------------------------------
+class RemoteTraceback(Exception):
+    """The traceback of an exception raised on a worker, as the text it printed there.
+
+    It is the ``__cause__`` of the error raised here (or of that error's own cause), so
+    printing the error's traceback shows the worker's frames above it, the way
+    ``concurrent.futures`` shows a child process's.
+    """
+
+    def __init__(self, text: str, host: str):
+        super().__init__(text)
+        self.text, self.host = text, host
+
+    def __str__(self) -> str:
+        return f"on host {self.host!r}:\n{self.text.rstrip()}"
+
+
+# What a host's refusal is called there, and what it becomes here.
+_PLAIN = {name: getattr(_errors, name) for name in (
+    "EdgeError", "DeclarationError", "UnwritableError", "CacheError", "OutOfStep", "NoGradient")}
+
+
+def outcome_of(host: str, nodes: list[str], kind: str, head: dict[str, Any], buffers: list[Any],
+               *, sent: int = 0, took_sent: int = 0, size: int = 0, took_us: int = 0,
+               watching: bool = False) -> Outcome:
+    """The Outcome a ``done`` answer stands for, or the error an ``error`` answer does
+    (raised), with the host's facts between the client's ``sent`` and ``received``."""
+    facts = []
+    if watching:
+        facts.append({"fact": "sent", "host": host, "bytes": sent, "took_us": took_sent})
+        facts.extend(_facts(head, host))
+        facts.append({"fact": "received", "host": host, "bytes": size, "took_us": took_us})
+    if kind == "error":
+        raise refusal(host, nodes, head, facts)
+    if kind != "done":
+        raise ProtocolError(f"host {host!r} answered a slice with {kind!r}", host=host)
+    try:
+        values = unpack_values(head.get("v", {}), buffers)
+    except UnwritableError as exc:
+        raise UnwritableError(f"host {host!r} answered slice {nodes} with {exc}") from None
+    except (ProtocolError, KeyError, TypeError, AttributeError) as exc:
+        raise ProtocolError(f"host {host!r} answered slice {nodes} with malformed values "
+                            f"({exc})", host=host) from None
+    lost = head.get("l") or {}
+    if type(values) is not dict or type(lost) is not dict:
+        raise ProtocolError(f"host {host!r} answered with malformed values", host=host)
+    return Outcome(values, lost, facts)
+
+
+def _facts(head: dict[str, Any], host: str) -> list[dict]:
+    facts = []
+    for fact in head.get("x") or []:
+        if type(fact) is dict:
+            fact = unpack_values(fact, [])
+            fact["host"] = host
+            facts.append(fact)
+    return facts
+
+
+def refusal(host: str, nodes: list[str], head: dict[str, Any], facts: list[dict]) -> Exception:
+    """The error a host's ``error`` answer to a slice stands for, naming the host, with
+    the host's traceback as its cause."""
+    what, message = head.get("e"), str(head.get("m", ""))
+    remote = RemoteTraceback(str(head["tb"]), host) if head.get("tb") else None
+    if what == "NodeError":
+        kind = str(head.get("kind", ""))
+        exc: Exception = NodeError(f"{message} on host {host!r}", node=str(head.get("node")),
+                                   host=host, kind=kind)
+        if kind in _PLAIN:  # one of ours (OutOfStep, say): the same cause as here
+            exc.__cause__ = _PLAIN[kind](f"{head.get('cause', message)} (on host {host!r})")
+            exc.__cause__.__cause__ = remote
+        else:
+            exc.__cause__ = remote
+        exc.facts = facts  # type: ignore[attr-defined]
+        return exc
+    if what == "Lost":
+        exc = Lost(f"{message} (host {host!r})", node=str(head.get("node")), host=host)
+    elif what in _PLAIN:
+        exc = _PLAIN[what](f"{message} (on host {host!r})")
+    else:
+        exc = WireError(f"host {host!r} could not run slice {nodes}: {what}: {message}", host=host)
+    exc.__cause__ = remote
+    exc.facts = facts  # type: ignore[attr-defined]
+    return exc
+
+
+def catalog_refused(host: str, where: str, head: dict[str, Any]) -> Exception:
+    """The error a host's refusal of a catalog stands for: another session's rule, or
+    a catalog it cannot load (a module it lacks, most often, with both ways out)."""
+    if head.get("e") == "session":
+        return DeclarationError(f"host {host!r} ({where}) refused the catalog: {head.get('m')}")
+    module = head.get("module")
+    hint = ""
+    if module:
+        hint = (f"; in mode='project' the worker imports module {module!r} from its own "
+                "installation: install it there (or put it on its PYTHONPATH), or use "
+                f"mode='network', send=[{module!r}] so the code travels")
+    refused = WireError(f"host {host!r} cannot load the catalog it was sent: "
+                        f"{head.get('m')}{hint}", host=host)
+    if head.get("tb"):
+        refused.__cause__ = RemoteTraceback(str(head["tb"]), host)
+    return refused
+
+
+def state_lost(host: str, where: str, tenancy: Tenancy, why: str) -> StateLost:
+    """The error for a session whose state on a host is gone, naming what was there."""
+    nodes = tenancy.staged.nodes if tenancy.staged is not None else ()
+    held = ", ".join(map(repr, nodes)) or "its nodes"
+    return StateLost(
+        f"host {host!r} ({where}) no longer holds what {held} learnt there: {why}. Their "
+        "weights, optimizer state and open groups lived only there, and this client will "
+        "not start them again from its own first copy; resume from a checkpoint "
+        "(Trainer.resume(store, name)), which starts the session afresh and restores them",
+        host=host, nodes=list(nodes))
