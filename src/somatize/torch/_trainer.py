@@ -108,7 +108,7 @@ class Trainer:
         if not isinstance(graph, Graph):
             raise TypeError(f"Trainer takes a somatize Graph, not a {type(graph).__qualname__}; "
                             "build one with Graph.somatize(...)")
-        broker = _broker(broker, workers)
+        broker = _broker(broker, workers, graph.hosts())
         if not callable(objective):
             raise DeclarationError(
                 f"objective= is a {type(objective).__qualname__}, which cannot be called; "
@@ -456,9 +456,18 @@ class Trainer:
 
 
 # -- refusals when the Trainer is built --------------------------------------------------
-def _broker(broker: Any, workers: Any) -> Any:
-    """The broker, from ``broker=`` or from the pages' ``workers={host: Worker}``."""
+def _broker(broker: Any, workers: Any, hosts: Mapping[str, str]) -> Any:
+    """The broker, from ``broker=`` or from the pages' ``workers={host: Worker}``; a
+    graph with a host that neither says anything about is refused here, naming the
+    host and ``workers=``, since its first step could only fail."""
     if workers is None:
+        if broker is None and hosts:
+            node, host = next(iter(hosts.items()))
+            raise DeclarationError(
+                f"node {node!r} runs on host {host!r} (.at({host!r})), and this Trainer was "
+                f"told nothing about {host!r}; say where it is: Trainer(..., "
+                f"workers={{{host!r}: Worker.at('HOST:PORT')}}) (or Worker.generic() for "
+                "one on this machine)")
         return broker
     if broker is not None:
         raise DeclarationError(
@@ -468,6 +477,15 @@ def _broker(broker: Any, workers: Any) -> Any:
     if not isinstance(workers, Mapping):
         raise TypeError(f"workers= maps host names to Workers, {{'gpu': Worker.at('node3:7000')}}, "
                         f"not a {type(workers).__qualname__}")
+    missing = [host for host in dict.fromkeys(hosts.values()) if host not in workers]
+    if missing:
+        lead = "workers= is empty" if not workers else \
+            f"workers= says nothing about host {', '.join(map(repr, missing))}"
+        placed = ", ".join(f"node {node!r} on {host!r}" for node, host in hosts.items()
+                           if host in missing)
+        said = ", ".join(f"{host!r}: Worker.at('HOST:PORT')" for host in missing)
+        raise DeclarationError(f"{lead}, and this graph runs {placed}; map each host to its "
+                               f"worker: workers={{{said}}}")
     return backend_of(dict(workers))
 
 
