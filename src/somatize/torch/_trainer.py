@@ -135,6 +135,7 @@ class Trainer:
             self._staged = StagedDriver(graph, trains, broker=broker, store=store,
                                   steps_per_update=self._every * self._micro)
             self._told = self._staged.told(self._watching)
+        _placed(broker, graph.hosts())  # after the stages' own refusals, which say more
         self._since = 0
         self._graph = graph
         self._objective = objective
@@ -458,16 +459,8 @@ class Trainer:
 # -- refusals when the Trainer is built --------------------------------------------------
 def _broker(broker: Any, workers: Any, hosts: Mapping[str, str]) -> Any:
     """The broker, from ``broker=`` or from the pages' ``workers={host: Worker}``; a
-    graph with a host that neither says anything about is refused here, naming the
-    host and ``workers=``, since its first step could only fail."""
+    ``workers=`` that lacks a host of the graph is refused, naming it."""
     if workers is None:
-        if broker is None and hosts:
-            node, host = next(iter(hosts.items()))
-            raise DeclarationError(
-                f"node {node!r} runs on host {host!r} (.at({host!r})), and this Trainer was "
-                f"told nothing about {host!r}; say where it is: Trainer(..., "
-                f"workers={{{host!r}: Worker.at('HOST:PORT')}}) (or Worker.generic() for "
-                "one on this machine)")
         return broker
     if broker is not None:
         raise DeclarationError(
@@ -487,6 +480,18 @@ def _broker(broker: Any, workers: Any, hosts: Mapping[str, str]) -> Any:
         raise DeclarationError(f"{lead}, and this graph runs {placed}; map each host to its "
                                f"worker: workers={{{said}}}")
     return backend_of(dict(workers))
+
+
+def _placed(broker: Any, hosts: Mapping[str, str]) -> None:
+    """A graph with a host that neither ``broker=`` nor ``workers=`` speaks of is refused,
+    naming the host and ``workers=``, since its first step could only fail."""
+    if broker is None and hosts:
+        node, host = next(iter(hosts.items()))
+        raise DeclarationError(
+            f"node {node!r} runs on host {host!r} (.at({host!r})), and this Trainer was "
+            f"told nothing about {host!r}; say where it is: Trainer(..., "
+            f"workers={{{host!r}: Worker.at('HOST:PORT')}}) (or Worker.generic() for "
+            "one on this machine)")
 
 
 # -- batches ------------------------------------------------------------------------------
