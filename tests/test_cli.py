@@ -214,3 +214,16 @@ def test_a_command_names_the_extra_it_lacks_before_it_starts(store, tmp_path, mo
     assert done.returncode == 2, (done.stdout, done.stderr)
     assert done.stderr.strip() == said.format(**fill)
     assert done.stdout == "" and sorted(os.listdir(tmp_path)) == []  # no work was begun
+
+
+@pytest.mark.slow
+def test_export_mlflow_says_only_what_is_ours_and_leaves_no_mlruns(store, tmp_path):
+    pytest.importorskip("mlflow")
+    done = subprocess.run([sys.executable, "-m", "somatize", "export", "mlflow", str(store),
+                           "a-run", "--tracking-uri", "sqlite:///mlflow.db"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": SRC})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("logged run a-run as MLflow run ")
+    assert "warning" not in done.stderr  # MLflow's deprecations are MLflow's to fix
+    assert sorted(os.listdir(tmp_path)) == ["mlflow-artifacts", "mlflow.db"]  # no mlruns/

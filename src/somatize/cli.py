@@ -112,9 +112,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"somatize {arguments.command}: {exc}", file=sys.stderr)
             return USAGE_ERROR
         finally:
-            for said in dict.fromkeys(str(warning.message) for warning in warned):
+            for said in dict.fromkeys(str(w.message) for w in warned if _worth_saying(w)):
                 print(f"somatize {arguments.command}: warning: {said}", file=sys.stderr)
     return 0
+
+
+_OWN = os.path.dirname(os.path.abspath(__file__))
+
+
+def _worth_saying(warning: warnings.WarningMessage) -> bool:
+    """Whether a warning heard while a command ran is the user's business: somatize's
+    own, and any other library's but for its deprecations (MLflow's about SQLAlchemy's
+    loaders), which are its maintainers' business and would read as ours here."""
+    deprecation = issubclass(warning.category,
+                             (DeprecationWarning, PendingDeprecationWarning, FutureWarning))
+    return not deprecation or os.path.abspath(warning.filename).startswith(_OWN + os.sep)
 
 
 def _print(lines: list[str]) -> None:
