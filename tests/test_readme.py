@@ -268,3 +268,22 @@ def test_the_slurm_blocks_run_where_slurm_is(key, tmp_path):
         pytest.skip("needs Slurm (sbatch is not on PATH): these blocks are for a cluster")
     assert os.path.isdir("/shared"), "the blocks keep their store in /shared, which every node mounts"
     run("bash", block(*key).text, folder(tmp_path), timeout=290)
+
+
+@pytest.mark.slow
+def test_make_docs_builds_a_site_that_needs_no_network(tmp_path):
+    """What `make docs` runs; the site it leaves loads nothing from elsewhere, and its
+    code is coloured by the stylesheet that travels with it."""
+    mkdocs = shutil.which("mkdocs") or str(Path(sys.executable).parent / "mkdocs")
+    if not Path(mkdocs).exists():
+        pytest.skip("mkdocs is not installed (pip install -e '.[dev]')")
+    site = tmp_path / "site"
+    done = subprocess.run([mkdocs, "build", "-d", str(site)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env=environment())
+    assert done.returncode == 0, done.stderr
+    pages = {page: page.read_text() for page in site.rglob("*.html")}
+    fetched = {found for text in pages.values()
+               for found in re.findall(r'<(?:script|link)[^>]+(?:src|href)="(https?://[^"]+)"', text)}
+    assert not fetched, f"the built site loads {sorted(fetched)} from the network"
+    assert any('<span class="k">' in text for text in pages.values())  # coloured, here
+    assert (site / "css" / "pygments.css").read_text().count(".highlight") > 20
