@@ -190,22 +190,22 @@ def without(modules, *argv, cwd=None):
 
 @pytest.mark.parametrize("modules, argv, said", [
     (["plotly"], ("report", "{store}", "a-run", "-o", "{tmp}/r.html"),
-     "somatize report: somatize report needs plotly, which is not installed: pip install 'somatize[viz]'"),
+     "somatize report: the report needs plotly, which is not installed: pip install 'somatize[viz]'"),
     (["plotly"], ("demo", "--steps", "2", "--store", "{tmp}/demo", "--report", "{tmp}/r.html"),
-     "somatize demo: somatize demo needs plotly, which is not installed: pip install 'somatize[torch,viz]'"),
+     "somatize demo: the demo needs plotly, which is not installed: pip install 'somatize[torch,viz]'"),
     (["torch"], ("demo", "--store", "{tmp}/demo"),
-     "somatize demo: somatize demo needs torch, which is not installed: pip install 'somatize[torch,viz]'"),
+     "somatize demo: the demo needs torch, which is not installed: pip install 'somatize[torch,viz]'"),
     (["tensorboard"], ("export", "tensorboard", "{store}", "a-run", "{tmp}/tb"),
-     "somatize export: somatize export tensorboard needs tensorboard, which is not installed: "
+     "somatize export: the tensorboard export needs tensorboard, which is not installed: "
      "pip install 'somatize[trackers]'"),
     (["mlflow"], ("export", "mlflow", "{store}", "a-run"),
-     "somatize export: somatize export mlflow needs mlflow, which is not installed: "
+     "somatize export: the mlflow export needs mlflow, which is not installed: "
      "pip install 'somatize[trackers]'"),
     (["boto3"], ("runs", "s3://bucket", "--endpoint", "http://127.0.0.1:9"),
      "somatize runs: a store in a bucket (s3://bucket) needs boto3, which is not installed: "
      "pip install 'somatize[s3]'"),
     (["starlette"], ("serve", "{store}", "--port", "0"),
-     "somatize serve: somatize serve needs starlette, which is not installed: "
+     "somatize serve: the page needs starlette, which is not installed: "
      "pip install 'somatize[web]'"),
 ])
 def test_a_command_names_the_extra_it_lacks_before_it_starts(store, tmp_path, modules, argv, said):

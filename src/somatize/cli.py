@@ -98,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             elif arguments.command == "show":
                 _print(_show(_reading(arguments), arguments.run, arguments.forward))
             elif arguments.command == "report":
-                _needs("somatize report", "viz", "plotly")
+                _needs("the report", "viz", "plotly")
                 _report(_reading(arguments), arguments.run, arguments.output)
             elif arguments.command == "serve":
                 _serve(arguments)
@@ -350,7 +350,7 @@ def _reading(arguments: argparse.Namespace) -> Any:
 
 
 def _serve(arguments: argparse.Namespace) -> None:
-    _needs("somatize serve", "web", "starlette", "uvicorn", "plotly")
+    _needs("the page", "web", "starlette", "uvicorn", "plotly")
     try:
         from .web import serve
     except ImportError as exc:
@@ -359,7 +359,7 @@ def _serve(arguments: argparse.Namespace) -> None:
 
 
 def _export(arguments: argparse.Namespace) -> None:
-    _needs(f"somatize export {arguments.tracker}", "trackers",
+    _needs(f"the {arguments.tracker} export", "trackers",
            "tensorboard" if arguments.tracker == "tensorboard" else "mlflow")
     store = _reading(arguments)
     if arguments.tracker == "tensorboard":
@@ -438,7 +438,7 @@ def _pairs(pairs: list[str]) -> dict[str, float]:
 # -- demo ---------------------------------------------------------------------------------
 def _demo(argv: list[str]) -> int:
     try:  # it trains with torch, talks to its worker over the wire and draws its report
-        _needs("somatize demo", "torch,viz", "torch", "msgpack", "cloudpickle", "plotly")
+        _needs("the demo", "torch,viz", "torch", "msgpack", "cloudpickle", "plotly")
         from .torch import _demo as demo
     except Refused as exc:
         print(f"somatize demo: {exc}", file=sys.stderr)
