@@ -209,10 +209,15 @@ def _last_loss(store: Any, run: str) -> Any:
 
     prefix = f"run/{run}/"
     batches = sorted(((int(b.name[len(prefix):]), b) for b in store.bound(prefix[:-1])
-                      if b.name[len(prefix):].isdigit()), key=lambda pair: pair[0])
+                      if b.name[len(prefix):].isdigit() and b.name[len(prefix):].isascii()),
+                     key=lambda pair: pair[0])
     for index, batch in reversed(batches[-LOOKED_BACK:]):
         for _, forward in reversed(forwards_of(batch, index)):
-            for fact in reversed(read(store, forward).get("facts", [])):
+            try:
+                said = read(store, forward).get("facts", [])
+            except SomaError:  # a record that cannot be read costs its loss, not the listing
+                return None
+            for fact in reversed(said):
                 if type(fact) is dict and fact.get("fact") == "loss" and "value" in fact:
                     return fact["value"]
     return None
