@@ -355,7 +355,7 @@ def _reading(arguments: argparse.Namespace) -> Any:
 
 
 def _serve(arguments: argparse.Namespace) -> None:
-    _needs("the page", "web", "starlette", "uvicorn", "plotly")
+    _needs("the page", "web", "starlette", "uvicorn")
     try:
         from .web import serve
     except ImportError as exc:
