@@ -147,8 +147,7 @@ def test_main_is_callable_with_an_argv(store, capsys):
 
 
 def test_every_reading_command_reads_a_store_in_a_bucket(s3_endpoint, credentials, tmp_path):
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "store"))
-    from s3server import make_bucket
+    from s3server import make_bucket  # beside the fixtures, found as conftest.py finds them
 
     make_bucket(s3_endpoint, "cli-bucket")
     recorder = Recorder(Store.on_bucket(s3_endpoint, "cli-bucket", prefix="exp"), run="far")
