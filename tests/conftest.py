@@ -1,7 +1,16 @@
 """What every test shares: a test marked ``cuda`` runs only where torch sees a CUDA
-device, and is skipped with the reason anywhere else (CI never needs one)."""
+device, and is skipped with the reason anywhere else (CI never needs one); and the real
+S3 server of tests/store (``s3_endpoint``, ``credentials``), for the tests up here that
+read a store in a bucket (the command line, the README's bucket block)."""
+
+import sys
+from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "store"))
+
+from s3server import credentials, s3_endpoint  # noqa: E402,F401  (fixtures, found by name)
 
 
 def _without_cuda() -> str | None:

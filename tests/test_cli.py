@@ -1,5 +1,6 @@
 """The somatize command, run for real (``python -m somatize``) on a fresh store."""
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -47,16 +48,23 @@ def store(tmp_path_factory):
     quiet = Recorder(store, run="b-run")
     g.forward(0, watching=quiet)
     quiet.close()
+    unsummarised = Recorder(store, run="c-run")  # a loss said, but not summarised
+    for i in range(3):
+        g.forward(i, watching=unsummarised)
+        unsummarised({"fact": "loss", "value": 2.0 - i})
+    g.forward(9, watching=unsummarised)  # a last forward that said no loss
+    unsummarised.close()
     return where
 
 
 def test_runs_lists_each_run_with_its_forwards_and_last_loss(store):
     done = somatize_command("runs", store, check_rc=0)
-    header, rule, first, second = done.stdout.splitlines()
+    header, rule, first, second, third = done.stdout.splitlines()
     assert header.split()[:4] == ["run", "forwards", "first", "(UTC)"]
     assert "last loss" in header and set(rule) <= {"-", " "}
     assert first.split()[:2] == ["a-run", "12"] and first.split()[-1] == "0.0833333"
-    assert second.split()[:2] == ["b-run", "1"]
+    assert second.split()[:2] == ["b-run", "1"] and len(second.split()) == 6  # said none
+    assert third.split()[:2] == ["c-run", "4"] and third.split()[-1] == "0"  # read, not summarised
 
 
 def test_show_without_a_forward_sums_the_run_per_node(store):
@@ -94,7 +102,7 @@ def test_report_writes_one_html_file_that_opens_offline(store, tmp_path):
 
 
 @pytest.mark.parametrize("argv, said", [
-    (("show", "{store}", "nope"), "somatize show: the store at {store} has no run 'nope'; its runs are 'a-run', 'b-run'"),
+    (("show", "{store}", "nope"), "somatize show: the store at {store} has no run 'nope'; its runs are 'a-run', 'b-run', 'c-run'"),
     (("show", "{store}", "a-run", "--forward", "12"), "somatize show: run 'a-run' has forwards 0 to 11"),
     (("report", "{store}", "nope", "-o", "{tmp}/r.html"), "somatize report: the store at {store} has no run 'nope'"),
     (("report", "{store}", "a-run", "-o", "{tmp}/missing/r.html"), "somatize report: cannot write"),
@@ -136,3 +144,85 @@ def test_main_is_callable_with_an_argv(store, capsys):
     assert "a-run" in capsys.readouterr().out
     assert main(["show", str(store), "zzz"]) == 2
     assert "no run 'zzz'" in capsys.readouterr().err
+
+
+def test_every_reading_command_reads_a_store_in_a_bucket(s3_endpoint, credentials, tmp_path):
+    from s3server import make_bucket  # beside the fixtures, found as conftest.py finds them
+
+    make_bucket(s3_endpoint, "cli-bucket")
+    recorder = Recorder(Store.on_bucket(s3_endpoint, "cli-bucket", prefix="exp"), run="far")
+    g = Graph.somatize(Body().named("body") >> Head().named("head"))
+    for i in range(3):
+        g.forward(i, watching=recorder)
+        recorder({"fact": "loss", "value": 0.5})
+    recorder.close()
+    where = ("s3://cli-bucket/exp", "--endpoint", s3_endpoint)
+    runs = somatize_command("runs", *where, check_rc=0).stdout.splitlines()
+    assert runs[2].split()[:2] == ["far", "3"] and runs[2].split()[-1] == "0.5"
+    assert somatize_command("show", *where, "far", check_rc=0).stdout.startswith(
+        "run far: 3 forwards")
+    assert somatize_command("show", *where, "far", "-f", "1", check_rc=0).stdout.startswith(
+        "run far, forward 1:")
+    assert "no findings" in somatize_command("health", *where, "far", check_rc=0).stdout
+    if importlib.util.find_spec("plotly") is not None:
+        target = tmp_path / "far.html"
+        somatize_command("report", *where, "far", "-o", target, check_rc=0)
+        assert target.read_text().startswith("<!DOCTYPE html>")
+
+
+# An extra that is not installed, as Python itself says so: a module set to None in
+# sys.modules is one that neither imports nor is found.
+WITHOUT = """
+import sys
+for name in sys.argv[1].split(","):
+    sys.modules[name] = None
+from somatize.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def without(modules, *argv, cwd=None):
+    return subprocess.run([sys.executable, "-c", WITHOUT, ",".join(modules), *map(str, argv)],
+                          capture_output=True, text=True, timeout=120, cwd=cwd,
+                          env={**os.environ, "PYTHONPATH": SRC})
+
+
+@pytest.mark.parametrize("modules, argv, said", [
+    (["plotly"], ("report", "{store}", "a-run", "-o", "{tmp}/r.html"),
+     "somatize report: the report needs plotly, which is not installed: pip install 'somatize[viz]'"),
+    (["plotly"], ("demo", "--steps", "2", "--store", "{tmp}/demo", "--report", "{tmp}/r.html"),
+     "somatize demo: the demo needs plotly, which is not installed: pip install 'somatize[torch,viz]'"),
+    (["torch"], ("demo", "--store", "{tmp}/demo"),
+     "somatize demo: the demo needs torch, which is not installed: pip install 'somatize[torch,viz]'"),
+    (["tensorboard"], ("export", "tensorboard", "{store}", "a-run", "{tmp}/tb"),
+     "somatize export: the tensorboard export needs tensorboard, which is not installed: "
+     "pip install 'somatize[trackers]'"),
+    (["mlflow"], ("export", "mlflow", "{store}", "a-run"),
+     "somatize export: the mlflow export needs mlflow, which is not installed: "
+     "pip install 'somatize[trackers]'"),
+    (["boto3"], ("runs", "s3://bucket", "--endpoint", "http://127.0.0.1:9"),
+     "somatize runs: a store in a bucket (s3://bucket) needs boto3, which is not installed: "
+     "pip install 'somatize[s3]'"),
+    (["starlette"], ("serve", "{store}", "--port", "0"),
+     "somatize serve: the page needs starlette, which is not installed: "
+     "pip install 'somatize[web]'"),
+])
+def test_a_command_names_the_extra_it_lacks_before_it_starts(store, tmp_path, modules, argv, said):
+    fill = {"store": store, "tmp": tmp_path}
+    done = without(modules, *(a.format(**fill) for a in argv), cwd=tmp_path)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert done.stderr.strip() == said.format(**fill)
+    assert done.stdout == "" and sorted(os.listdir(tmp_path)) == []  # no work was begun
+
+
+@pytest.mark.slow
+def test_export_mlflow_says_only_what_is_ours_and_leaves_no_mlruns(store, tmp_path):
+    pytest.importorskip("mlflow")
+    done = subprocess.run([sys.executable, "-m", "somatize", "export", "mlflow", str(store),
+                           "a-run", "--tracking-uri", "sqlite:///mlflow.db"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": SRC})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("logged run a-run as MLflow run ")
+    assert "warning" not in done.stderr  # MLflow's deprecations are MLflow's to fix
+    assert sorted(os.listdir(tmp_path)) == ["mlflow-artifacts", "mlflow.db"]  # no mlruns/

@@ -204,7 +204,8 @@ def execute(graph: Any, input: Any = None, *, broker: Any = None, store: Any = N
         host = next(iter(seg[2][0].host for seg in way.segments if seg[0] == "away"))
         raise DeclarationError(
             f"this graph sends nodes to host {host!r} and no broker was given; say where it "
-            f"is: forward(..., broker=Broker.embedded({{{host!r}: Worker.at('HOST:PORT')}}))"
+            f"is: forward(..., broker=Broker.embedded({{{host!r}: Worker.at('HOST:PORT')}})), "
+            f"or for a Trainer, Trainer(..., workers={{{host!r}: Worker.at('HOST:PORT')}})"
         )
 
     forward_id = new_forward_id() if way.away else None

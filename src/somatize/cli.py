@@ -12,10 +12,13 @@
     somatize export mlflow STORE RUN [--tracking-uri U]  a run as an MLflow run
     somatize worker ...                      a worker (python -m somatize.worker)
     somatize token                           a fresh random token for workers and clients
-    somatize demo [--store DIR] [--steps N]  the whole job, in a minute
+    somatize demo [--store DIR] [--steps N]  the whole job, in about 15 s
 
-``serve`` and ``export`` also read a store in a bucket: ``s3://BUCKET[/PREFIX]``, with
-``--endpoint URL`` (or ``AWS_ENDPOINT_URL``) and the usual AWS credential variables.
+Every command that reads a store also reads one in a bucket: ``s3://BUCKET[/PREFIX]``,
+with ``--endpoint URL`` (or ``AWS_ENDPOINT_URL``) and the usual AWS credential
+variables. A command that needs an extra (``report`` plotly, ``serve`` the page's
+libraries, ``export`` the tracker's, ``demo`` torch and plotly, an ``s3://`` store boto3)
+says which one to install before it starts work.
 
 A mistake (a store that is not there, an unknown run, a forward out of range) is one
 line on stderr and exit status 2, and so is a store whose bytes are corrupt; a warning
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import math
 import os
 import secrets
@@ -52,14 +56,14 @@ def _parser() -> argparse.ArgumentParser:
         prog="somatize", description="Read the runs a store holds, or start a worker.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     runs = commands.add_parser("runs", help="the runs in a store")
-    runs.add_argument("store", metavar="STORE", help="the store's directory")
+    _where_arguments(runs)
     show = commands.add_parser("show", help="a run per node, or the facts of one forward")
-    show.add_argument("store", metavar="STORE", help="the store's directory")
+    _where_arguments(show)
     show.add_argument("run", metavar="RUN", help="the run's name (see: somatize runs STORE)")
     show.add_argument("--forward", "-f", type=int, metavar="N",
                       help="show this forward's facts (negative counts from the end)")
     report = commands.add_parser("report", help="a run as one HTML file that opens offline")
-    report.add_argument("store", metavar="STORE", help="the store's directory")
+    _where_arguments(report)
     report.add_argument("run", metavar="RUN", help="the run's name")
     report.add_argument("-o", "--output", metavar="FILE", help="where to write it (default: RUN.html)")
     _serve_parser(commands)
@@ -90,11 +94,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         warnings.simplefilter("always")
         try:
             if arguments.command == "runs":
-                _print(_runs(_store(arguments.store)))
+                _print(_runs(_reading(arguments)))
             elif arguments.command == "show":
-                _print(_show(_store(arguments.store), arguments.run, arguments.forward))
+                _print(_show(_reading(arguments), arguments.run, arguments.forward))
             elif arguments.command == "report":
-                _report(_store(arguments.store), arguments.run, arguments.output)
+                _needs("the report", "viz", "plotly")
+                _report(_reading(arguments), arguments.run, arguments.output)
             elif arguments.command == "serve":
                 _serve(arguments)
             elif arguments.command == "export":
@@ -107,9 +112,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"somatize {arguments.command}: {exc}", file=sys.stderr)
             return USAGE_ERROR
         finally:
-            for said in dict.fromkeys(str(warning.message) for warning in warned):
+            for said in dict.fromkeys(str(w.message) for w in warned if _worth_saying(w)):
                 print(f"somatize {arguments.command}: warning: {said}", file=sys.stderr)
     return 0
+
+
+_OWN = os.path.dirname(os.path.abspath(__file__))
+
+
+def _worth_saying(warning: warnings.WarningMessage) -> bool:
+    """Whether a warning heard while a command ran is the user's business: somatize's
+    own, and any other library's but for its deprecations (MLflow's about SQLAlchemy's
+    loaders), which are its maintainers' business and would read as ours here."""
+    deprecation = issubclass(warning.category,
+                             (DeprecationWarning, PendingDeprecationWarning, FutureWarning))
+    return not deprecation or os.path.abspath(warning.filename).startswith(_OWN + os.sep)
 
 
 def _print(lines: list[str]) -> None:
@@ -118,6 +135,16 @@ def _print(lines: list[str]) -> None:
         sys.stdout.flush()
     except BrokenPipeError:  # `somatize show ... | head` stopped reading: not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def _needs(what: str, extra: str, *modules: str) -> None:
+    """Refuses, before any work, a command whose extra is not installed, naming the
+    extra. Found, not imported: the command line stays as light as the core."""
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        raise Refused(f"{what} needs {', '.join(missing)}, which "
+                      f"{'is' if len(missing) == 1 else 'are'} not installed: "
+                      f"pip install 'somatize[{extra}]'")
 
 
 def _store(where: str) -> Any:
@@ -156,12 +183,44 @@ def _runs(store: Any) -> list[str]:
     found = runs(store)
     if not found:
         return [f"no runs in {store.where} (a Recorder(store) writes one)"]
-    keys = list(dict.fromkeys(key for run in found for key in run.summary))
+    summaries = []
+    for run in found:  # a loss is shown whether or not the Recorder summarised it
+        summary = dict(run.summary)
+        if "loss" not in summary:
+            loss = _last_loss(store, run.name)
+            if loss is not None:
+                summary["loss"] = loss
+        summaries.append(summary)
+    keys = list(dict.fromkeys(key for summary in summaries for key in summary))
     header = ["run", "forwards", "first (UTC)", "last (UTC)"] + [f"last {key}" for key in keys]
     rows = [[run.name, str(run.forwards), _when(run.first), _when(run.last)]
-            + [_value(run.summary[key]) if key in run.summary else "" for key in keys]
-            for run in found]
+            + [_value(summary[key]) if key in summary else "" for key in keys]
+            for run, summary in zip(found, summaries)]
     return table(header, rows, right={1} | set(range(4, 4 + len(keys))))
+
+
+LOOKED_BACK = 4  # batches read, newest first, for the loss of a run that summarised nothing
+
+
+def _last_loss(store: Any, run: str) -> Any:
+    """The value of the last ``loss`` fact of a run whose Recorder summarised nothing, read
+    from its last few batches (a batch holds up to a thousand forwards); None if none."""
+    from .record._read import forwards_of, read
+
+    prefix = f"run/{run}/"
+    batches = sorted(((int(b.name[len(prefix):]), b) for b in store.bound(prefix[:-1])
+                      if b.name[len(prefix):].isdigit() and b.name[len(prefix):].isascii()),
+                     key=lambda pair: pair[0])
+    for index, batch in reversed(batches[-LOOKED_BACK:]):
+        for _, forward in reversed(forwards_of(batch, index)):
+            try:
+                said = read(store, forward).get("facts", [])
+            except SomaError:  # a record that cannot be read costs its loss, not the listing
+                return None
+            for fact in reversed(said):
+                if type(fact) is dict and fact.get("fact") == "loss" and "value" in fact:
+                    return fact["value"]
+    return None
 
 
 # -- show ---------------------------------------------------------------------------------
@@ -283,6 +342,7 @@ def _reading(arguments: argparse.Namespace) -> Any:
     bucket, _, prefix = where.removeprefix("s3://").partition("/")
     if not bucket:
         raise Refused(f"{where} names no bucket: write s3://BUCKET or s3://BUCKET/PREFIX")
+    _needs(f"a store in a bucket ({where})", "s3", "boto3")
     from .store import Store
     from .store.bucket import BucketBackend
 
@@ -295,6 +355,7 @@ def _reading(arguments: argparse.Namespace) -> Any:
 
 
 def _serve(arguments: argparse.Namespace) -> None:
+    _needs("the page", "web", "starlette", "uvicorn")
     try:
         from .web import serve
     except ImportError as exc:
@@ -303,6 +364,8 @@ def _serve(arguments: argparse.Namespace) -> None:
 
 
 def _export(arguments: argparse.Namespace) -> None:
+    _needs(f"the {arguments.tracker} export", "trackers",
+           "tensorboard" if arguments.tracker == "tensorboard" else "mlflow")
     store = _reading(arguments)
     if arguments.tracker == "tensorboard":
         from .health import diagnose
@@ -335,7 +398,7 @@ def _health_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="somatize health",
         description="What the health rules find in a run's record (nothing is trained).")
-    parser.add_argument("store", metavar="STORE", help="the store's directory")
+    _where_arguments(parser)
     parser.add_argument("run", metavar="RUN", help="the run's name (see: somatize runs STORE)")
     parser.add_argument("--threshold", "-t", action="append", default=[], metavar="NAME=VALUE",
                         help=f"change one threshold; the names are {', '.join(DEFAULTS)}")
@@ -354,7 +417,7 @@ def _health(argv: list[str]) -> int:
         return exc.code if isinstance(exc.code, int) else USAGE_ERROR
     try:
         thresholds = thresholds_from(_pairs(arguments.threshold))
-        facts = judged_facts(_store(arguments.store), arguments.run)
+        facts = judged_facts(_reading(arguments), arguments.run)
     except (Refused, SomaError, OSError, ValueError, TypeError) as exc:
         print(f"somatize health: {exc}", file=sys.stderr)
         return USAGE_ERROR
@@ -379,11 +442,15 @@ def _pairs(pairs: list[str]) -> dict[str, float]:
 
 # -- demo ---------------------------------------------------------------------------------
 def _demo(argv: list[str]) -> int:
-    try:
+    try:  # it trains with torch, talks to its worker over the wire and draws its report
+        _needs("the demo", "torch,viz", "torch", "msgpack", "cloudpickle", "plotly")
         from .torch import _demo as demo
+    except Refused as exc:
+        print(f"somatize demo: {exc}", file=sys.stderr)
+        return USAGE_ERROR
     except ImportError as exc:
-        print(f"somatize demo: it trains with torch, which is not installed ({exc.name}): "
-              "pip install 'somatize[all]'", file=sys.stderr)
+        print(f"somatize demo: it needs {exc.name}, which is not installed: "
+              "pip install 'somatize[torch,viz]'", file=sys.stderr)
         return USAGE_ERROR
     return demo.main(argv)
 

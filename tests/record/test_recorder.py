@@ -84,13 +84,34 @@ def test_a_forward_is_read_here_the_moment_it_returns(store):
     assert facts(store, recorder.run, 0)[-1]["fact"] == "finished"
 
 
+def test_the_seeds_example_reads_its_own_write_through_the_store(store):
+    r = Recorder(store)
+    two_nodes().forward(1, watching=r)
+    bound = store.resolve(f"run/{r.run}/0")  # what that forward did, at once
+    assert bound is not None
+    assert json.loads(store.get(bound.digest))["forwards"][0][-1]["fact"] == "finished"
+    again = Store(store.where)  # another Store of the same place reads it too
+    two_nodes().forward(2, watching=r)
+    assert sum(b.meta[""] for b in again.bound(f"run/{r.run}")) == 2
+
+
+def test_a_read_of_other_names_writes_nothing_early(store):
+    recorder = Recorder(store, run="r")
+    two_nodes().forward(1, watching=recorder)
+    store.keep("elsewhere", 1)
+    assert store.resolve("elsewhere") is not None and store.resolve("run/other/0") is None
+    assert store.backend.read_name("run/r/0") is None  # still behind the run
+    recorder.close()
+
+
 def test_a_forward_is_written_behind_without_being_asked(store):
     recorder = Recorder(store, run="r")
     two_nodes().forward(1, watching=recorder)
     deadline = time.monotonic() + 10  # the writer trails by a quarter second; this is slack
-    while store.resolve("run/r/0") is None and time.monotonic() < deadline:
+    # read under the Store, as another process would, so nothing is written first
+    while store.backend.read_name("run/r/0") is None and time.monotonic() < deadline:
         time.sleep(0.02)
-    bound = store.resolve("run/r/0")  # read as another process would: no flush
+    bound = store.resolve("run/r/0")
     assert bound is not None
     assert json.loads(store.get(bound.digest))["forwards"][0][-1]["fact"] == "finished"
 
@@ -376,7 +397,8 @@ def test_a_trainers_step_is_ready_once_its_loss_is_in(tmp_path):
                      {"fact": "finished", "took_us": 2}):
             recorder(fact)
         time.sleep(0.4)  # past the writer's quarter second: still not written
-        assert store.resolve(f"run/steps/{step - 1}") is None  # its loss is coming
+        # not written, read under the Store (a read through it would write it first)
+        assert store.backend.read_name(f"run/steps/{step - 1}") is None  # its loss is coming
         recorder({"fact": "updated"})
         recorder({"fact": "loss", "value": float(step)})
         assert facts(store, "steps", step - 1)[-1] == {"fact": "loss", "value": float(step)}

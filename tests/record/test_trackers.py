@@ -318,3 +318,20 @@ def test_the_export_commands(place, mlflow_uri, tmp_path):
     assert done.returncode == 2 and "no run 'nope'" in done.stderr and "Traceback" not in done.stderr
     done = somatize_cli("export", "mlflow", store.where, "dying", "--tracking-uri", "nonsense://x")
     assert done.returncode == 2 and "MLflow refused it" in done.stderr, done.stderr
+
+
+def test_an_export_to_a_new_database_keeps_its_artifacts_beside_it(place, tmp_path, monkeypatch):
+    needs("mlflow")
+    from somatize.record import runs
+
+    _, store = place
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)  # where the export runs from: nothing may be left in it
+    database = tmp_path / "elsewhere" / "tracking.db"
+    database.parent.mkdir()
+    run = runs(store)[0].name
+    run_id = export_mlflow(store, run, tracking_uri=f"sqlite:///{database}", findings=[])
+    assert list(here.iterdir()) == []  # no mlruns/ in the current directory
+    assert json.loads(artifact(f"sqlite:///{database}", run_id, "findings.json")) == []
+    assert (tmp_path / "elsewhere" / "tracking-artifacts").is_dir()

@@ -197,14 +197,17 @@ def _node_wheres(said):
             and "." not in f["where"]}
 
 
-def printed(rows, capsys, title):
-    with capsys.disabled():
-        print(f"\n\n{title}")
-        print(f"{'fault':34} {'found':>7}  {'as':60} also found")
-        for kind, counted, hits, total, how, other, taken in rows:
-            mark = "" if counted else "  (shown, not counted)"
-            said = f" [trained with a {taken}]" if taken else ""
-            print(f"{kind:34} {hits:>3}/{total:<3}  {how:60} {other}{said}{mark}")
+def printed(rows, title):
+    """The suite's table, printed where pytest keeps a test's output (shown with -rP or
+    -s, and with a failure) and answered, to go into a failing assertion's message."""
+    lines = [f"\n\n{title}", f"{'fault':34} {'found':>7}  {'as':60} also found"]
+    for kind, counted, hits, total, how, other, taken in rows:
+        mark = "" if counted else "  (shown, not counted)"
+        said = f" [trained with a {taken}]" if taken else ""
+        lines.append(f"{kind:34} {hits:>3}/{total:<3}  {how:60} {other}{said}{mark}")
+    table = "\n".join(lines)
+    print(table)
+    return table
 
 
 @pytest.mark.slow
@@ -217,21 +220,20 @@ def test_each_family_finds_its_faults_and_leaves_its_clean_runs_quiet(family, st
 
 
 @pytest.mark.slow
-def test_the_right_finding_on_the_right_where_and_clean_runs_stay_quiet(store, capsys):
+def test_the_right_finding_on_the_right_where_and_clean_runs_stay_quiet(store):
     rows = [row for family in SUITES for row in rows_of(family, family_runs(family, store))]
     faulty = [r for r in rows if r[1] and "clean" not in r[0]]
     clean = [r for r in rows if "clean" in r[0]]
     found = sum(r[2] for r in faulty) / sum(r[3] for r in faulty)
     quiet = sum(r[3] for r in clean)
     false = sum(r[2] for r in clean) / quiet
-    printed(rows, capsys, f"seeded-fault suite ({len(SEEDS)} seeds a fault; {quiet} clean runs)")
-    with capsys.disabled():
-        took = ", ".join(f"{family} {t:.0f} s" for family, (_, t) in _TRAINED.items())
-        print(f"found in {found:.1%} of {sum(r[3] for r in faulty)} faulty runs; a finding on "
-              f"{false:.1%} of {quiet} clean runs; trained and diagnosed in {took}\n")
-    assert quiet >= 30
-    assert found >= 0.95
-    assert false <= 0.05
+    table = printed(rows, f"seeded-fault suite ({len(SEEDS)} seeds a fault; {quiet} clean runs)")
+    took = ", ".join(f"{family} {t:.0f} s" for family, (_, t) in _TRAINED.items())
+    print(f"found in {found:.1%} of {sum(r[3] for r in faulty)} faulty runs; a finding on "
+          f"{false:.1%} of {quiet} clean runs; trained and diagnosed in {took}\n")
+    assert quiet >= 30, table
+    assert found >= 0.95, table
+    assert false <= 0.05, table
 
 
 @pytest.mark.slow

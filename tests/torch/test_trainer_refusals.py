@@ -117,11 +117,47 @@ def test_an_objective_that_cannot_be_called_is_refused():
         Trainer(g, objective="mse", optimizer=sgd(parameters(g)))
 
 
-def test_a_slice_on_another_host_needs_a_broker_at_the_first_step():
+def test_a_host_nobody_said_anything_about_is_refused_when_built_naming_workers():
+    g, body, _ = graph(head=lambda h: h.at("gpu"))
+    optimizer = sgd(parameters(g, without=["head"]))
+    with pytest.raises(DeclarationError, match=r"node 'head' runs on host 'gpu' \(.at\('gpu'\)\)"
+                                               r".*Trainer\(..., workers=\{'gpu': Worker.at"):
+        Trainer(g, objective=F.mse_loss, optimizer=optimizer)
+    assert unchanged(g, body)
+    with pytest.raises(DeclarationError, match=r"^workers= is empty, and this graph runs node "
+                                               r"'head' on 'gpu'; .*workers=\{'gpu': Worker"):
+        Trainer(g, objective=F.mse_loss, optimizer=optimizer, workers={})
+    with pytest.raises(DeclarationError, match=r"^workers= says nothing about host 'gpu'"):
+        Trainer(g, objective=F.mse_loss, optimizer=optimizer, workers={"cpu": object()})
+    assert unchanged(g, body)
+
+
+def test_a_forward_with_no_broker_names_both_ways_to_say_where_a_host_is():
     g, _, _ = graph(head=lambda h: h.at("gpu"))
-    trainer = Trainer(g, objective=F.mse_loss, optimizer=sgd(parameters(g, without=["head"])))
-    with pytest.raises(DeclarationError, match="host 'gpu' and no broker was given"):
-        trainer.step((torch.randn(4, 8), torch.randn(4, 1)))
+    with pytest.raises(DeclarationError, match=r"host 'gpu' and no broker was given.*"
+                                               r"forward\(..., broker=.*Trainer\(..., workers="):
+        g.forward(Opaque(torch.randn(4, 8)))
+
+
+class Silent(Node):
+    """A head that holds a module but does not say so: parameters(g) cannot see it."""
+
+    def __init__(self):
+        self.out = torch.nn.Linear(16, 1)
+
+    def forward(self, x, ctx):
+        return Opaque(self.out(x))
+
+
+def test_a_node_without_parameters_is_told_to_say_them_not_to_use_parameters_g():
+    g = Graph.somatize(graph()[1].named("body") >> Silent().named("head"))
+    t = Trainer(g, objective=F.mse_loss, optimizer=sgd(parameters(g)))  # what the user wrote
+    with pytest.warns(UserWarning) as said:
+        t.step(batches(1)[0])
+    (warning,) = [str(w.message) for w in said if issubclass(w.category, UserWarning)]
+    assert "node 'head' (2 parameters) got gradients" in warning
+    assert "'head' (Silent) has no parameters() method" in warning
+    assert "def parameters(self)" in warning and "build the optimizer over" not in warning
 
 
 def test_the_wrong_arguments_are_refused_by_type():

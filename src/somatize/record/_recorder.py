@@ -5,9 +5,10 @@ says after the engine's ``finished`` (``loss``, ``updated``) lands in the forwar
 belongs to. A writer thread writes the forwards that finished as one batch at most a
 quarter second after the first of them did, bound as ``run/{run}/{i}`` for the batch's
 first forward; ``flush()``, ``close()`` and the end of the interpreter write whatever
-is left. Readers in this process (``somatize.record``, ``somatize.health``) flush the
-Recorders of the run they read first, so what was said here is read here; a reader
-elsewhere sees a batch whole or not at all, at most about half a second behind.
+is left. A read of a run's names through any Store of this process (``resolve``,
+``bound``, and so ``somatize.record`` and ``somatize.health``) has the Recorders of
+that run and store write what they hold first, so what was said here is read here; a
+reader elsewhere sees a batch whole or not at all, at most about half a second behind.
 
 A batch is one JSON document, ``{"format": 2, "run": ..., "forward": i, "forwards":
 [[facts of i], [facts of i + 1], ...]}``, and its name's meta holds, under the key
@@ -39,6 +40,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from .._errors import RecordError, UnwritableError
+from ..store._store import before_reading
 
 __all__ = ["EACH", "FORMAT", "Recorder", "check_run", "default_run", "flush_pending", "forward_name"]
 
@@ -56,6 +58,7 @@ _SCALARS = (str, int, float, bool, type(None))
 _stamp_lock = threading.Lock()
 _last_stamp = [0]
 _open: weakref.WeakSet[_Book] = weakref.WeakSet()  # the books of this process's Recorders
+_writing_here = threading.local()  # .on while this thread writes a batch
 
 
 def _plain(value: Any) -> Any:
@@ -107,6 +110,30 @@ def flush_pending(store: Any, run: str) -> None:
     for book in list(_open):
         if book.run == run and (book.store is store or (where is not None and book.where == where)):
             book.flush()
+
+
+def _written_first(store: Any, name: str | None) -> None:
+    """Before this process reads a run's names through any Store, the Recorders of this
+    process that still hold forwards of that run for that store write them, so that
+    ``store.resolve(f"run/{r.run}/0")`` right after a forward finds it. A reader
+    elsewhere still trails by the write-behind delay. Nothing is done for other names,
+    nor in a thread that is writing a batch (its own look at the run must not wait
+    for itself)."""
+    if not _open or getattr(_writing_here, "on", False):
+        return
+    if name is None or name == "run":
+        run = None
+    elif name.startswith("run/"):
+        run = name[4:].partition("/")[0]
+    else:
+        return
+    where = store.where
+    for book in list(_open):
+        if (run is None or book.run == run) and (book.store is store or book.where == where):
+            book.flush()
+
+
+before_reading(_written_first)
 
 
 def _writable(store: Any) -> Any:
@@ -374,14 +401,20 @@ class _Book:
         with self.writing:
             with self.lock:
                 plan = self._plan(everything)
-            for again, batch in plan:
-                try:  # a new batch goes after the last one bound, wherever that landed
-                    at = self._put(self.sealed_at if again else self.next, batch, again)
-                except OSError as exc:  # every StoreError is one
-                    self._refused(exc)
-                    return False
-                with self.lock:  # noted at once: a batch bound is never bound twice
-                    self._wrote(at, batch, again)
+            if not plan:
+                return True
+            _writing_here.on = True
+            try:
+                for again, batch in plan:
+                    try:  # a new batch goes after the last one bound, wherever that landed
+                        at = self._put(self.sealed_at if again else self.next, batch, again)
+                    except OSError as exc:  # every StoreError is one
+                        self._refused(exc)
+                        return False
+                    with self.lock:  # noted at once: a batch bound is never bound twice
+                        self._wrote(at, batch, again)
+            finally:
+                _writing_here.on = False
             return True
 
     def _plan(self, everything: bool) -> list[tuple[bool, list[_Snapshot]]]:

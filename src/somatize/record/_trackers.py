@@ -33,6 +33,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from .._optional import optional
@@ -231,6 +232,17 @@ def _key(tag: str) -> str:
     return "/".join("_" if part in ("", ".", "..") else part for part in parts)[:250]
 
 
+def _artifacts_beside(tracking_uri: str) -> str | None:
+    """Where a new experiment's artifacts go for a tracking store in a SQLite file: a
+    folder beside the file (``mlflow.db`` -> ``mlflow-artifacts/``), since MLflow's own
+    default is ``./mlruns`` in whatever folder the export ran from. None elsewhere: a
+    tracking server keeps its artifacts where it was told to."""
+    if not tracking_uri.startswith("sqlite:///"):
+        return None
+    database = Path(tracking_uri.removeprefix("sqlite:///")).resolve()
+    return database.with_name(f"{database.stem}-artifacts").as_uri()
+
+
 class _MlflowRun:
     """One MLflow run, written through MLflow's own client; metrics go in batches."""
 
@@ -244,7 +256,8 @@ class _MlflowRun:
         self.client = tracking.MlflowClient(tracking_uri=tracking_uri)
         found = self.client.get_experiment_by_name(experiment)
         experiment_id = found.experiment_id if found is not None else \
-            self.client.create_experiment(experiment)
+            self.client.create_experiment(
+                experiment, artifact_location=_artifacts_beside(self.client.tracking_uri))
         self.run_id = self.client.create_run(experiment_id, run_name=run_name,
                                              tags=tags).info.run_id
         self.pending: list[Any] = []

@@ -29,6 +29,7 @@ import math
 import re
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,7 +39,7 @@ from .._optional import optional
 from .backend import Backend
 from .local import DirectoryBackend, translated
 
-__all__ = ["Bound", "Store", "check_name"]
+__all__ = ["Bound", "Store", "before_reading", "check_name"]
 
 MAX_NAME = 1000  # UTF-8 bytes: with a short prefix, still a valid S3 key (1024 bytes)
 
@@ -47,6 +48,19 @@ _BAD = r"\x00-\x1f\x7f\\/\ud800-\udfff"
 _NAME = re.compile(rf"[^{_BAD}]+(?:/[^{_BAD}]+)*").fullmatch
 _decode = json.JSONDecoder().decode
 _finite = math.isfinite
+
+# Run before a name (or, with None, every name) is read through any Store: a layer above
+# that holds writes back, such as a Recorder writing behind its run, registers here to
+# write them first, so that a process reads its own writes and the store need not know
+# who holds what.
+_readers_first: list[Callable[[Store, str | None], None]] = []
+
+
+def before_reading(hook: Callable[[Store, str | None], None]) -> None:
+    """Has ``hook(store, name)`` run before ``resolve(name)`` and ``bound(prefix)`` (with
+    ``None`` for every name) read through any Store of this process. It must be cheap
+    for a name it has nothing for: it runs on every read."""
+    _readers_first.append(hook)
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,6 +278,8 @@ class Store:
     def resolve(self, name: str) -> Bound | None:
         """What ``name`` is bound to, or None if it is not bound."""
         check_name(name)
+        for hook in _readers_first:
+            hook(self, name)
         record = translated(self._backend.where, "read the name {0!r}",
                             self._backend.read_name, name)
         return None if record is None else self._bound(name, record)
@@ -277,6 +293,8 @@ class Store:
         if prefix is not None:
             check_name(prefix, "prefix")
             below = prefix + "/"
+        for hook in _readers_first:
+            hook(self, prefix)
         listed = translated(self.where, "list the names", self._backend.list_names, prefix)
         found, unreadable = [], []
         for name, record in listed:

@@ -118,7 +118,21 @@ def check_given_optimizer(graph: Graph, optimizer: Any, frozen: set[str],
             unheld[node_id] = left
     if not holds and not elsewhere:
         raise DeclarationError(_nothing_to_train(optimizer, unheld))
-    return {n: [(p, grad_mark(p)) for p in ps] for n, ps in unheld.items()}
+    marked = {}
+    for node_id, ps in unheld.items():
+        marked[node_id] = _Left((p, grad_mark(p)) for p in ps)
+        impl = graph.implementation(node_id)
+        marked[node_id].silent = None if callable(getattr(impl, "parameters", None)) else \
+            type(impl).__qualname__
+    return marked
+
+
+class _Left(list):
+    """A node's parameters the optimizer leaves out, with their gradient marks; ``silent``
+    is the node's class where it has no ``parameters()`` (so ``parameters(g)``, which
+    reads that method, could not have found them), else None."""
+
+    __slots__ = ("silent",)
 
 
 def grad_mark(parameter: Any) -> Any:
@@ -140,12 +154,23 @@ def warn_unheld(unheld: dict[str, list[Any]]) -> None:
         return
     said = ", ".join(f"node {n!r} ({c} parameter{'s' if c > 1 else ''})" for n, c in got.items())
     first = next(iter(got))
+    silent = {n: getattr(unheld[n], "silent", None) for n in got}
+    silent = {n: kind for n, kind in silent.items() if kind is not None}
+    if silent:  # parameters(g) reads each node's parameters(), which these lack
+        fix = (", ".join(f"{n!r} ({kind})" for n, kind in silent.items())
+               + f" {'has' if len(silent) == 1 else 'have'} no parameters() method, so "
+               "parameters(g) finds nothing there; give "
+               f"{'it' if len(silent) == 1 else 'each'} one answering its tensors (def "
+               "parameters(self): return list(self.net.parameters())), or settle the node "
+               f"with freeze(g, {next(iter(silent))!r})")
+    else:
+        fix = ("otherwise build the optimizer over parameters(g), or settle the node with "
+               f"freeze(g, {first!r})")
     warnings.warn(
         f"{said} got gradients that the optimizer does not hold, so nothing applies them "
         "and they stay as they are; training goes on. If that is on purpose (another "
         "Trainer trains them, a layer kept fixed for a while, a probe), ignore this; "
-        f"otherwise build the optimizer over parameters(g), or settle the node with "
-        f"freeze(g, {first!r})", UserWarning, stacklevel=outside_somatize())
+        f"{'otherwise node ' if silent else ''}{fix}", UserWarning, stacklevel=outside_somatize())
 
 
 def outside_somatize() -> int:

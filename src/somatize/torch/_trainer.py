@@ -108,7 +108,7 @@ class Trainer:
         if not isinstance(graph, Graph):
             raise TypeError(f"Trainer takes a somatize Graph, not a {type(graph).__qualname__}; "
                             "build one with Graph.somatize(...)")
-        broker = _broker(broker, workers)
+        broker = _broker(broker, workers, graph.hosts())
         if not callable(objective):
             raise DeclarationError(
                 f"objective= is a {type(objective).__qualname__}, which cannot be called; "
@@ -135,6 +135,7 @@ class Trainer:
             self._staged = StagedDriver(graph, trains, broker=broker, store=store,
                                   steps_per_update=self._every * self._micro)
             self._told = self._staged.told(self._watching)
+        _placed(broker, graph.hosts())  # after the stages' own refusals, which say more
         self._since = 0
         self._graph = graph
         self._objective = objective
@@ -461,8 +462,9 @@ class Trainer:
 
 
 # -- refusals when the Trainer is built --------------------------------------------------
-def _broker(broker: Any, workers: Any) -> Any:
-    """The broker, from ``broker=`` or from the pages' ``workers={host: Worker}``."""
+def _broker(broker: Any, workers: Any, hosts: Mapping[str, str]) -> Any:
+    """The broker, from ``broker=`` or from the pages' ``workers={host: Worker}``; a
+    ``workers=`` that lacks a host of the graph is refused, naming it."""
     if workers is None:
         return broker
     if broker is not None:
@@ -473,7 +475,28 @@ def _broker(broker: Any, workers: Any) -> Any:
     if not isinstance(workers, Mapping):
         raise TypeError(f"workers= maps host names to Workers, {{'gpu': Worker.at('node3:7000')}}, "
                         f"not a {type(workers).__qualname__}")
+    missing = [host for host in dict.fromkeys(hosts.values()) if host not in workers]
+    if missing:
+        lead = "workers= is empty" if not workers else \
+            f"workers= says nothing about host {', '.join(map(repr, missing))}"
+        placed = ", ".join(f"node {node!r} on {host!r}" for node, host in hosts.items()
+                           if host in missing)
+        said = ", ".join(f"{host!r}: Worker.at('HOST:PORT')" for host in missing)
+        raise DeclarationError(f"{lead}, and this graph runs {placed}; map each host to its "
+                               f"worker: workers={{{said}}}")
     return backend_of(dict(workers))
+
+
+def _placed(broker: Any, hosts: Mapping[str, str]) -> None:
+    """A graph with a host that neither ``broker=`` nor ``workers=`` speaks of is refused,
+    naming the host and ``workers=``, since its first step could only fail."""
+    if broker is None and hosts:
+        node, host = next(iter(hosts.items()))
+        raise DeclarationError(
+            f"node {node!r} runs on host {host!r} (.at({host!r})), and this Trainer was "
+            f"told nothing about {host!r}; say where it is: Trainer(..., "
+            f"workers={{{host!r}: Worker.at('HOST:PORT')}}) (or Worker.generic() for "
+            "one on this machine)")
 
 
 # -- batches ------------------------------------------------------------------------------
