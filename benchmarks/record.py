@@ -23,7 +23,7 @@ import tempfile
 import time
 
 from somatize import Graph, Node
-from somatize._engine import execute
+from somatize._engine import Pass
 from somatize.record import Recorder, curve, progress
 from somatize.store import Store
 
@@ -90,7 +90,8 @@ def step_costs(g):
 
     def recorded(i):
         # As a Trainer steps: its began says the step, then updated and loss follow.
-        execute(g, i, watching=recorder, opening={"step": i})
+        with Pass(recorder, opening={"step": i}) as one:
+            one.run(g, i)
         recorder({"fact": "updated"})
         recorder({"fact": "loss", "value": 1.0 / (i + 1)})
         if i == BLOCK - 1:

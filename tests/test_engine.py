@@ -159,7 +159,7 @@ def test_a_mapped_node_answers_item_for_item():
 
 
 def test_part_of_a_graph_with_given_values():
-    from somatize._engine import execute
+    from somatize._engine import Pass
 
     class Add(Node):
         def __init__(self, n):
@@ -169,11 +169,37 @@ def test_part_of_a_graph_with_given_values():
             return x + self.n
 
     g = Graph.somatize(Add(1).named("a") >> Add(10).named("b") >> Add(100).named("c"))
-    assert execute(g, 0, nodes=["b", "c"], given={"a": 5}) == 115
-    assert execute(g, 0, nodes=["a", "b"]) == 11
-    assert execute(g, 0, want=["a", "c"]) == {"a": 1, "c": 111}
+    pieces = Pass()
+    assert pieces.run(g, 0, nodes=["b", "c"], given={"a": 5}) == 115
+    assert pieces.run(g, 0, nodes=["a", "b"]) == 11
+    assert pieces.run(g, 0, want=["a", "c"]) == {"a": 1, "c": 111}
     with pytest.raises(DeclarationError, match="reads 'a', which it does not run"):
-        execute(g, 0, nodes=["b"])
+        pieces.run(g, 0, nodes=["b"])
+
+
+def test_a_forward_in_pieces_is_one_forward_in_the_record():
+    from somatize._engine import Pass
+
+    class Add(Node):
+        def __init__(self, n):
+            self.n = n
+
+        def forward(self, x, ctx):
+            return x + self.n
+
+    g = Graph.somatize(Add(1).named("a") >> Add(10).named("b"))
+    seen = []
+    with Pass(seen.append, {"epoch": "3"}, opening={"step": 7}) as one:
+        a = one.run(g, 0, nodes=["a"])
+        assert one.run(g, nodes=["b"], given={"a": a}) == 11
+    kinds = [f["fact"] for f in seen]
+    assert kinds == ["began", "ran", "ran", "finished"]
+    assert seen[0]["step"] == 7 and all(f["epoch"] == "3" for f in seen)
+    assert "failed" not in seen[-1]
+    seen.clear()
+    with pytest.raises(DeclarationError), Pass(seen.append) as one:
+        one.run(g, 0, nodes=["b"])
+    assert seen[-1]["fact"] == "finished" and seen[-1]["failed"] is True
 
 
 def test_a_host_without_a_broker_is_refused_before_anything_runs():

@@ -22,7 +22,7 @@ from ._slices import Backend, Later, Slice, backend_of, fan_out, finish, new_for
 from ._transpose import walk_back
 from ._walk import LostValue, Mapping, Program, program, settle, walk
 
-__all__ = ["execute", "foresee", "run_slice"]
+__all__ = ["Pass", "execute", "foresee", "run_slice"]
 
 
 class Route:
@@ -152,102 +152,130 @@ def emitter(watching: Any, stamping: dict[str, Any] | None) -> Callable[[dict], 
 
 # -- the walk ---------------------------------------------------------------------
 def execute(graph: Any, input: Any = None, *, broker: Any = None, store: Any = None,
-            watching: Any = None, stamping: dict[str, Any] | None = None,
-            nodes: Iterable[str] | None = None, given: dict[str, Any] | None = None,
-            want: Iterable[str] | None = None, here: bool = False,
-            transposed: bool = False, framed: bool = True, since: int | None = None,
-            opening: dict[str, Any] | None = None, later: bool = False) -> Any:
-    """Runs a graph (or the part of it named by ``nodes``) and returns its answer.
+            watching: Any = None, stamping: dict[str, Any] | None = None) -> Any:
+    """Runs a graph and returns what it produced: one forward, said ``began`` and
+    ``finished`` to ``watching``. ``graph`` is a Graph or its data form. Whoever drives
+    a graph in pieces (a part of it, a stage walked back) makes a ``Pass``."""
+    with Pass(watching, stamping) as one:
+        return one.run(graph, input, broker=broker, store=store)
 
-    ``graph`` is a Graph or its data form. ``given`` hands in values for predecessors
-    outside ``nodes``; ``want`` says which outputs to answer with (as a dict) instead
-    of the leaves; ``here`` runs every node in this process whatever its host (what a
-    host does with its slice).
 
-    For whoever drives a graph in pieces (a trainer, stage by stage): ``transposed``
-    walks ``nodes`` against their edges (see ``_transpose``); ``framed=False`` leaves
-    out ``began``/``finished``, so that several walks make one forward in the record,
-    with ``since`` (a ``perf_counter_ns`` reading) as the start their times count from;
-    ``opening`` adds its pairs to the ``began`` fact alone (a trainer's step number);
-    ``later`` answers a ``Later`` as soon as the first slices are out, whose
-    ``result()`` is the answer (a pipeline runs its next piece meanwhile).
+class Pass:
+    """One forward as the record sees it, run as one walk or several: its ``began`` and
+    ``finished`` facts, said here and nowhere else, and the clock every walk's node
+    times count from.
+
+    ``opening`` adds its pairs to ``began`` (a trainer's step number); ``framed=False``
+    says neither (a slice a host runs, or a walk back whose forward was said already).
+    ``run`` walks the graph or the part of it named by ``nodes``, ``back`` walks
+    ``nodes`` against their edges (``_transpose``); either answers a ``Later`` with
+    ``later``, as soon as its first slices are out, so a pipeline runs its next piece
+    meanwhile. ``close`` says ``finished`` (once); a ``with`` block does it for you.
     """
-    data = graph.data() if hasattr(graph, "data") else graph
-    if transposed:
+
+    __slots__ = ("_open", "emit", "since", "stamping")
+
+    def __init__(self, watching: Any = None, stamping: dict[str, Any] | None = None, *,
+                 opening: dict[str, Any] | None = None, framed: bool = True):
+        self.emit = emitter(watching, stamping)
+        self.stamping = stamping
+        self.since = time.perf_counter_ns()
+        self._open = framed and self.emit is not None
+        if self._open:
+            self.emit({"fact": "began", "at_us": time.time_ns() // 1000, **(opening or {})})
+
+    def __enter__(self) -> Pass:
+        return self
+
+    def __exit__(self, kind: Any, error: Any, trace: Any) -> None:
+        self.close(failed=kind is not None)
+
+    def close(self, failed: bool = False) -> None:
+        """Says ``finished`` (with ``failed`` when the forward raised), once."""
+        if self._open:
+            self._open = False
+            fact = {"fact": "finished", "took_us": (time.perf_counter_ns() - self.since) // 1000}
+            if failed:
+                fact["failed"] = True
+            self.emit(fact)
+
+    def run(self, graph: Any, input: Any = None, *, nodes: Iterable[str] | None = None,
+            given: dict[str, Any] | None = None, want: Iterable[str] | None = None,
+            broker: Any = None, store: Any = None, here: bool = False,
+            later: bool = False) -> Any:
+        """Walks ``graph`` (or the part of it named by ``nodes``) and answers its answer.
+
+        ``given`` hands in values for predecessors outside ``nodes``; ``want`` says
+        which outputs to answer with (as a dict) instead of the leaves; ``here`` runs
+        every node in this process whatever its host (what a host does with its slice).
+        """
+        data = graph.data() if hasattr(graph, "data") else graph
+        prog = program(data)
+        way = route(prog, nodes, here)
+        emit = self.emit
+        value = settle(input, None)
+        vals: list[Any] = [None] * len(prog.ids)
+        if given:
+            for node_id, v in given.items():
+                vals[prog.index[data.known(node_id)]] = settle(v, node_id)
+        missing = [p for p in way.outside if not given or p not in given]
+        if missing:
+            raise DeclarationError(
+                f"this part of the graph reads {', '.join(map(repr, missing))}, which it does "
+                "not run; hand their values in with given={...}"
+            )
+        wanted = way.wanted if want is None else [prog.index[data.known(n)] for n in want]
+        hooks = None
+        if store is not None and prog.remembers:
+            hooks = Memory.start(prog, way, input, store, wanted, emit)
+        elif any(prog.mapped):
+            hooks = Mapping(prog)
+        backend = backend_of(broker) if way.away else None
+        if way.away and backend is None:
+            host = next(iter(seg[2][0].host for seg in way.segments if seg[0] == "away"))
+            raise DeclarationError(
+                f"this graph sends nodes to host {host!r} and no broker was given; say where it "
+                f"is: forward(..., broker=Broker.embedded({{{host!r}: Worker.at('HOST:PORT')}})), "
+                f"or for a Trainer, Trainer(..., workers={{{host!r}: Worker.at('HOST:PORT')}})"
+            )
+        forward_id = new_forward_id() if way.away else None
+        walking = _segments(data, prog, way, vals, value, backend, hooks, emit, self.since,
+                            self.stamping, forward_id, later)
+
+        def answer() -> Any:
+            if want is not None:
+                return {prog.ids[i]: _read(vals[i], prog.ids[i]) for i in wanted}
+            if len(wanted) == 1:
+                return _read(vals[wanted[0]], "the caller")
+            return {prog.ids[i]: _read(vals[i], "the caller") for i in wanted}
+        if later:
+            return Later(walking, answer)
+        finish(walking)
+        return answer()
+
+    def back(self, graph: Any, nodes: Iterable[str] | None, given: dict[str, Any],
+             want: Iterable[str], *, broker: Any = None, here: bool = False,
+             later: bool = False) -> Any:
+        """Walks ``nodes`` against their edges (``_transpose``); answers ``{node: what
+        it gave back}`` for each node in ``want``."""
+        data = graph.data() if hasattr(graph, "data") else graph
         return walk_back(data, nodes, given or {}, want or [], broker=broker, here=here,
-                         emit=emitter(watching, stamping), stamping=stamping,
-                         since=time.perf_counter_ns() if since is None else since,
-                         later=later)
-    prog = program(data)
-    way = route(prog, nodes, here)
-    emit = emitter(watching, stamping)
-    value = settle(input, None)
-    vals: list[Any] = [None] * len(prog.ids)
-    if given:
-        for node_id, v in given.items():
-            vals[prog.index[data.known(node_id)]] = settle(v, node_id)
-    missing = [p for p in way.outside if not given or p not in given]
-    if missing:
-        raise DeclarationError(
-            f"this part of the graph reads {', '.join(map(repr, missing))}, which it does "
-            "not run; hand their values in with given={...}"
-        )
-    wanted = way.wanted if want is None else [prog.index[data.known(n)] for n in want]
-
-    hooks = None
-    if store is not None and prog.remembers:
-        hooks = Memory.start(prog, way, input, store, wanted, emit)
-    elif any(prog.mapped):
-        hooks = Mapping(prog)
-    backend = backend_of(broker) if way.away else None
-    if way.away and backend is None:
-        host = next(iter(seg[2][0].host for seg in way.segments if seg[0] == "away"))
-        raise DeclarationError(
-            f"this graph sends nodes to host {host!r} and no broker was given; say where it "
-            f"is: forward(..., broker=Broker.embedded({{{host!r}: Worker.at('HOST:PORT')}})), "
-            f"or for a Trainer, Trainer(..., workers={{{host!r}: Worker.at('HOST:PORT')}})"
-        )
-
-    forward_id = new_forward_id() if way.away else None
-    began = time.perf_counter_ns() if since is None else since
-    if emit is not None and framed:
-        emit({"fact": "began", "at_us": time.time_ns() // 1000, **(opening or {})})
-    walking = _segments(data, prog, way, vals, value, backend, hooks, emit, began, stamping,
-                        forward_id, framed, later)
-
-    def answer() -> Any:
-        if want is not None:
-            return {prog.ids[i]: _read(vals[i], prog.ids[i]) for i in wanted}
-        if len(wanted) == 1:
-            return _read(vals[wanted[0]], "the caller")
-        return {prog.ids[i]: _read(vals[i], "the caller") for i in wanted}
-    if later:
-        return Later(walking, answer)
-    finish(walking)
-    return answer()
+                         emit=self.emit, stamping=self.stamping, since=self.since, later=later)
 
 
 def _segments(data: Any, prog: Program, way: Route, vals: list[Any], value: Any,
               backend: Backend | None, hooks: Any, emit: Any, began: int, stamping: Any,
-              forward_id: str | None, framed: bool, later: bool):
+              forward_id: str | None, later: bool):
     """The walk's segments in order, as a generator that yields where slices are out
     (only when ``later``: otherwise it runs through without a stop)."""
-    try:
-        if way.away:
-            backend.prepare(data)
-        for kind, order, remotes in way.segments:
-            if kind == "here":
-                walk(prog, order, vals, value, hooks, emit, began)
-            else:
-                yield from _meanwhile(prog, order, remotes, vals, value, backend, hooks, emit,
-                                      began, stamping, forward_id, later)
-    except BaseException:
-        if emit is not None and framed:
-            emit({"fact": "finished", "took_us": (time.perf_counter_ns() - began) // 1000,
-                  "failed": True})
-        raise
-    if emit is not None and framed:
-        emit({"fact": "finished", "took_us": (time.perf_counter_ns() - began) // 1000})
+    if way.away:
+        backend.prepare(data)
+    for kind, order, remotes in way.segments:
+        if kind == "here":
+            walk(prog, order, vals, value, hooks, emit, began)
+        else:
+            yield from _meanwhile(prog, order, remotes, vals, value, backend, hooks, emit,
+                                  began, stamping, forward_id, later)
 
 
 def _read(v: Any, reader: str) -> Any:
@@ -295,9 +323,12 @@ def run_slice(graph: Any, piece: Slice, facts: list[dict]) -> dict[str, Any]:
     here, ``given`` as handed. Answers the wanted values; what it saw is appended to
     ``facts`` as it happens (so a failure still has them), without the forward's
     bracket, which the caller says."""
-    return execute(graph, piece.input, nodes=list(piece.nodes), given=dict(piece.given),
-                   want=list(piece.wanted), here=True, transposed=piece.transposed,
-                   watching=facts.append if piece.watching else None, framed=False)
+    one = Pass(facts.append if piece.watching else None, framed=False)
+    if piece.transposed:
+        return one.back(graph, list(piece.nodes), dict(piece.given), list(piece.wanted),
+                        here=True)
+    return one.run(graph, piece.input, nodes=list(piece.nodes), given=dict(piece.given),
+                   want=list(piece.wanted), here=True)
 
 
 def foresee(graph: Any, input: Any = None, *, store: Any = None) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import pytest
 import torch
 from splitnets import Lin
 
-from somatize import Broker, Graph, StateLost, Worker
+from somatize import Broker, DeclarationError, Graph, StateLost, Worker
 from somatize.torch import Split, Trainer, parameters
 
 mse = torch.nn.functional.mse_loss
@@ -150,3 +150,19 @@ def test_a_closed_trainer_lets_go_of_its_session_there(worker):
     other = trainer(worker)  # the worker serves on, for everybody else
     assert other.step(batches(1)[0]) > 0
     assert kept["body"].keys() == {"lin.weight", "lin.bias"}
+
+
+def test_a_scripts_class_is_named_by_the_users_id_not_a_made_one():
+    class Body(Lin):
+        pass
+
+    Body.__module__ = "__main__"  # as a class defined in the script that is run
+    torch.manual_seed(0)
+    g = Graph.somatize(Lin(8, 8).named("encoder") >> Body(8, 6).named("body").at("gpu")
+                       >> Lin(6, 1, relu=False).named("head"))
+    trains = {"body": Split(torch.optim.SGD, lr=0.1)}
+    t = Trainer(g, objective=mse, trains=trains, workers={"gpu": Worker.at("127.0.0.1:9")},
+                optimizer=torch.optim.SGD(parameters(g, without=trains), lr=0.1))
+    with pytest.raises(DeclarationError, match="node 'body' is a .*Body defined in __main__") as caught:
+        t.step(batches(1)[0])  # refused while packing: nothing is dialled
+    assert "\x1f" not in str(caught.value) and "mode='network'" in str(caught.value)

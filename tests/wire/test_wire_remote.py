@@ -212,12 +212,12 @@ def test_a_large_catalog_is_sealed_and_sent_once(standing):
 
 
 def test_a_walk_back_runs_there_as_one_transposed_slice(generic):
-    from somatize._engine import execute
+    from somatize._engine import Pass
 
     def walk(g, broker=None):
         facts = []
-        out = execute(g, nodes=["twice", "echo", "twice_2"], given={"twice_2": 3},
-                      want=["twice"], transposed=True, broker=broker, watching=facts.append)
+        back = Pass(facts.append, framed=False).back
+        out = back(g, ["twice", "echo", "twice_2"], {"twice_2": 3}, ["twice"], broker=broker)
         return out["twice"], facts
 
     here, _ = walk(Graph.somatize(Twice() >> Echo() >> Twice()))

@@ -47,7 +47,7 @@ import torch
 from torch import fx
 from torch.fx.passes.shape_prop import ShapeProp
 
-from .._engine import execute
+from .._engine import Pass
 from .._errors import whole_number
 from .._node import MADE_WITH, Opaque
 
@@ -528,7 +528,7 @@ def architecture(graph: Any, example: Any = None, *, most: int = 48, depth: int 
             handles = seen.hook(modules, keep_inputs=depth > 0)
             try:
                 wrapped = Opaque(example) if isinstance(example, torch.Tensor) else example
-                execute(graph, wrapped, broker=broker, here=broker is None)
+                Pass().run(graph, wrapped, broker=broker, here=broker is None)
             finally:
                 for handle in handles:
                     handle.remove()

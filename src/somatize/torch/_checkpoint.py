@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from .._codec import dumps, loads
-from .._engine import execute
+from .._engine import Pass
 from .._errors import DeclarationError, NodeError, StateLost, StoreError, whole_number
 from .._graph import Graph
 from .._remember import open_store
@@ -216,8 +216,8 @@ def _far(run: Run) -> dict[str, str | None]:
 def _message(run: Run, node: str, message: dict[str, Any]) -> Any:
     driver = run.driver
     try:
-        said = execute(driver.private, nodes=[node], given={node: message}, want=[node],
-                       transposed=True, broker=driver.broker)
+        said = Pass().back(driver.private, [node], {node: message}, [node],
+                           broker=driver.broker)
     except NodeError as exc:
         cause = exc.__cause__
         if not isinstance(cause, (DeclarationError, TypeError)):

@@ -18,10 +18,10 @@ that failed half-way leaves nothing the next one could pick up by mistake.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
+from .._engine import Pass
 from .._node import Opaque
 from ._learning import MOST_OWED
 
@@ -58,8 +58,8 @@ def pipelined(driver: Any, pieces: list[tuple[Any, Any, float]],
     losses in order. ``loss_of(output, target)`` is the objective, checked;
     ``seed(loss, share)`` the loss's own backward, scaled as the Trainer scales it."""
     counts = Counts(len(driver.stages))
-    since = time.perf_counter_ns()
-    runs = [_piece(driver, counts, since, x, y, share, loss_of, seed) for x, y, share in pieces]
+    one = Pass(framed=False)  # unwatched: a watched step is not pipelined
+    runs = [_piece(driver, counts, one, x, y, share, loss_of, seed) for x, y, share in pieces]
     losses: list[Any] = [None] * len(runs)
     turn = list(range(len(runs)))
     try:
@@ -78,12 +78,12 @@ def pipelined(driver: Any, pieces: list[tuple[Any, Any, float]],
     return losses
 
 
-def _piece(driver: Any, counts: Counts, since: int, x: Any, y: Any, share: float,
+def _piece(driver: Any, counts: Counts, one: Pass, x: Any, y: Any, share: float,
            loss_of: Callable[[Any, Any], Any], seed: Callable[[Any, float], None]):
     """One piece: its forward, its loss, its backward, stopping where a stage is out."""
     x = x if type(x) is Opaque else Opaque(x)
-    passed, output = yield from driver.forwarding(x, None, since, counts)
+    passed, output = yield from driver.forwarding(x, one, counts)
     loss = loss_of(output, y)
     seed(loss, share)
-    yield from driver.backwarding(passed, None, since, counts)
+    yield from driver.backwarding(passed, one, counts)
     return loss

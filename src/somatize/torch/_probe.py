@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .._engine import execute
+from .._engine import Pass
 from .._errors import whole_number
 from .._graph import Graph
 from .._node import Opaque
@@ -57,8 +57,8 @@ def probe(graph: Graph, example: Any, *, depth: int = 0, most: int = 48, probes:
         audit.watch(graph)
         try:
             wrapped = Opaque(example) if isinstance(example, torch.Tensor) else example
-            output = execute(graph, wrapped, broker=broker, here=broker is None,
-                             watching=watching)
+            with Pass(watching) as one:
+                output = one.run(graph, wrapped, broker=broker, here=broker is None)
             _differentiate(output, produced, probes)
             facts = audit.observed(graph, updated=False)
         finally:

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from .._engine import execute
+from .._engine import Pass
 from .._node import Opaque
 from ._architecture import kind_of
 from ._tensors import tensors_in
@@ -139,7 +139,7 @@ def _taken(name: str, graph: Any, batch: torch.Tensor, target: Any, objective: A
 
 
 def _run(graph: Any, batch: torch.Tensor) -> Any:
-    return execute(graph, Opaque(batch), here=True)
+    return Pass().run(graph, Opaque(batch), here=True)
 
 
 def _all_parameters(graph: Any) -> list[torch.Tensor]:
@@ -291,7 +291,8 @@ def _nwot(graph: Any, batch: torch.Tensor, target: Any, objective: Any) -> float
     handles = [m.register_forward_pre_hook(caught) for m in relus]
     try:
         with torch.no_grad():
-            values = execute(graph, Opaque(batch), here=True, want=None if relus else graph.nodes())
+            values = Pass().run(graph, Opaque(batch), here=True,
+                                want=None if relus else graph.nodes())
     finally:
         for handle in handles:
             handle.remove()

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from .._engine import execute
+from .._engine import Pass
 from .._errors import CacheError, DeclarationError, NodeError
 from .._graph import DECLARATIONS, Graph, GraphData, assembled, generated
 from .._node import Opaque
@@ -153,7 +153,7 @@ class StagedDriver:
         self._backend = backend_of(broker)
         self.broker = self._session()
         self.store = store
-        self._pass: Any = None
+        self._passed: Any = None
         self.health: list[dict[str, Any]] = []  # what trainers on workers measured
 
     def _session(self) -> Any:
@@ -170,7 +170,7 @@ class StagedDriver:
         the checkpoint holds is copied into them then."""
         self.release()
         self.broker = self._session()
-        self._pass = None
+        self._passed = None
 
     def release(self) -> None:
         """Lets go of what this driver's session holds on its workers."""
@@ -209,25 +209,25 @@ class StagedDriver:
                 watcher(fact)
         return tell
 
-    def forward(self, x: Any, watching: Any, since: int) -> Any:
-        """Runs every stage in order; answers the graph's output, made of fresh leaves
-        so the objective's backward stops at the seam."""
-        self._pass, output = finish(self.forwarding(x, watching, since))
+    def forward(self, x: Any, one: Pass) -> Any:
+        """Runs every stage in order, as pieces of the forward ``one``; answers the
+        graph's output, made of fresh leaves so the objective's backward stops at the
+        seam."""
+        self._passed, output = finish(self.forwarding(x, one))
         return output
 
-    def forwarding(self, x: Any, watching: Any, since: int, pipe: Any = None):
+    def forwarding(self, x: Any, one: Pass, pipe: Any = None):
         """``forward`` as a generator: with a ``pipe`` (``_pipeline.Counts``) it yields
-        while a stage is out on a worker, and it returns ``(its pass, the output)``."""
+        while a stage is out on a worker, and it returns ``(what passed, the output)``."""
         produced: dict[str, Any] = {}
         handed: list[dict[str, Any]] = []
         numbers: list[int] = []  # which forward of its stage this one is, in the pipe
         for k, stage in enumerate(self.stages):
             leaves = {p: _fresh(produced[p]) for p in stage.outside}
-            answer = execute(
-                self.private, x, nodes=stage.nodes,
-                given={p: Opaque(v) for p, v in leaves.items()}, want=stage.wanted,
-                broker=self.broker, store=self.store if k == 0 else None,
-                watching=watching, framed=False, since=since, later=pipe is not None)
+            answer = one.run(self.private, x, nodes=stage.nodes,
+                             given={p: Opaque(v) for p, v in leaves.items()}, want=stage.wanted,
+                             broker=self.broker, store=self.store if k == 0 else None,
+                             later=pipe is not None)
             if pipe is not None:
                 numbers.append(pipe.forwarded(k))
                 if answer.waiting:
@@ -243,14 +243,15 @@ class StagedDriver:
         output = next(iter(outputs.values())) if len(outputs) == 1 else outputs
         return (produced, handed, outputs, numbers), output
 
-    def backward(self, watching: Any, since: int) -> None:
-        """After the objective's backward: hands every stage what it is owed, last first."""
-        if self._pass is None:
+    def backward(self, one: Pass) -> None:
+        """After the objective's backward: hands every stage what it is owed, last
+        first, as pieces of the forward ``one``."""
+        if self._passed is None:
             raise DeclarationError("a backward without a forward: step() runs them in pairs")
-        passed, self._pass = self._pass, None
-        finish(self.backwarding(passed, watching, since))
+        passed, self._passed = self._passed, None
+        finish(self.backwarding(passed, one))
 
-    def backwarding(self, passed: Any, watching: Any, since: int, pipe: Any = None):
+    def backwarding(self, passed: Any, one: Pass, pipe: Any = None):
         """``backward`` of one forward's pass as a generator, which yields (with a
         ``pipe``) while a stage's walk back is out on a worker."""
         produced, handed, outputs, numbers = passed
@@ -263,7 +264,7 @@ class StagedDriver:
             if stage.trainers:
                 back = 0 if pipe is None else pipe.behind(last - k, numbers[last - k])
                 answers = self._walk_back(stage, {n: envelope(owed.get(n), behind=back)
-                                                  for n in stage.back_given}, watching, since,
+                                                  for n in stage.back_given}, one,
                                           later=pipe is not None)
                 if pipe is not None:
                     if answers.waiting:
@@ -283,18 +284,18 @@ class StagedDriver:
             for producer, leaf in leaves.items():
                 _add(owed, producer, getattr(leaf, "grad", None))
 
-    def close(self, watching: Any, since: int) -> None:
+    def close(self, one: Pass) -> None:
         """Ends every trainer's open group: a closing, empty envelope walked back."""
         for stage in reversed(self.stages):
             if stage.trainers:
                 self._walk_back(stage, {n: envelope(None, closing=True)
-                                        for n in stage.back_given}, watching, since)
+                                        for n in stage.back_given}, one)
 
     def weights(self, node: str) -> dict[str, Any]:
         """The weights of a trained node as they are where it runs: asked of its
         trainer, walked back like a gradient, since that is the channel there is."""
-        answer = execute(self.private, nodes=[node], given={node: {ASKING: True}},
-                         want=[node], transposed=True, broker=self.broker)
+        answer = Pass().back(self.private, [node], {node: {ASKING: True}}, [node],
+                             broker=self.broker)
         return answer[node][ASKING]
 
     def load(self, node: str, weights: Any, *, check_only: bool) -> None:
@@ -303,8 +304,7 @@ class StagedDriver:
         and dtype and copy nothing, so that a load across machines can be all or nothing."""
         asked = {LOADING: {"node": node, "weights": dict(weights), "check": check_only}}
         try:
-            execute(self.private, nodes=[node], given={node: asked}, want=[node],
-                    transposed=True, broker=self.broker)
+            Pass().back(self.private, [node], {node: asked}, [node], broker=self.broker)
         except NodeError as exc:
             cause = exc.__cause__
             if not isinstance(cause, (DeclarationError, TypeError)):
@@ -313,11 +313,10 @@ class StagedDriver:
                 f"{cause} (checked by the trainer of {node!r} on host {exc.host!r}); nothing "
                 "was loaded, here or there") from exc
 
-    def _walk_back(self, stage: Stage, given: dict[str, Any], watching: Any,
-                   since: int, later: bool = False) -> Any:
-        return execute(self.private, nodes=stage.trained, given=given,
-                       want=stage.reporting, transposed=True, broker=self.broker,
-                       watching=watching, framed=False, since=since, later=later)
+    def _walk_back(self, stage: Stage, given: dict[str, Any], one: Pass,
+                   later: bool = False) -> Any:
+        return one.back(self.private, stage.trained, given, stage.reporting,
+                        broker=self.broker, later=later)
 
     def pipelines(self, pieces: int) -> bool:
         """Whether a step of ``pieces`` would overlap: some stage runs on a worker, over

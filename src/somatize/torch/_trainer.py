@@ -17,7 +17,6 @@ the weights, which live in the nodes and always did.
 from __future__ import annotations
 
 import sys
-import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,7 +24,7 @@ from typing import Any
 
 import torch
 
-from .._engine import execute
+from .._engine import Pass
 from .._errors import (
     DeclarationError,
     NodeError,
@@ -136,7 +135,7 @@ class Trainer:
                                   steps_per_update=self._every * self._micro)
             self._told = self._staged.told(self._watching)
         _placed(broker, graph.hosts())  # after the stages' own refusals, which say more
-        self._since = 0
+        self._pass = Pass()  # the forward of the step under way, unwatched until one is
         self._graph = graph
         self._objective = objective
         self._optimizer = optimizer
@@ -211,7 +210,7 @@ class Trainer:
             return False
         if self._staged is not None:
             with _out_of_step():
-                self._staged.close(self._told, time.perf_counter_ns())
+                self._staged.close(Pass(self._told, framed=False))
         self._close()
         return True
 
@@ -338,22 +337,12 @@ class Trainer:
         # write the record once, when the step's loss is in, rather than twice.
         opening = {"step": self._steps + 1}
         if self._staged is None:
-            return execute(self._graph, x, store=self._store, watching=self._watching,
-                           broker=self._broker, opening=opening)
+            with Pass(self._watching, opening=opening) as one:
+                return one.run(self._graph, x, store=self._store, broker=self._broker)
         # One forward in the record, however many stages it takes.
-        self._since = time.perf_counter_ns()
-        if self._watchers:
-            self._emit({"fact": "began", "at_us": time.time_ns() // 1000, **opening})
-        failed = True
-        try:
-            with _out_of_step():
-                output = self._staged.forward(x, self._told, self._since)
-            failed = False
-        finally:
-            if self._watchers:
-                took = (time.perf_counter_ns() - self._since) // 1000
-                self._emit({"fact": "finished", "took_us": took, **({"failed": True} if failed else {})})
-        return output
+        one = self._pass = Pass(self._told, opening=opening)
+        with one, _out_of_step():
+            return self._staged.forward(x, one)
 
     def _loss(self, output: Any, target: Any) -> torch.Tensor:
         if (isinstance(output, torch.Tensor) and isinstance(target, torch.Tensor)
@@ -383,7 +372,7 @@ class Trainer:
         self._seed(loss, share)
         if self._staged is not None:
             with _out_of_step():
-                self._staged.backward(self._told, self._since)
+                self._staged.backward(self._pass)
 
     def _close(self) -> None:
         if not self._checked:

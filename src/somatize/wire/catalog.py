@@ -22,7 +22,7 @@ from typing import Any
 
 from .._codec import codec_modules, found_in, pack_into, unpack
 from .._errors import DeclarationError, ProtocolError, SomaError, UnwritableError
-from .._graph import GraphData, describe, undescribed
+from .._graph import GraphData, describe, made_from, undescribed
 
 __all__ = ["Elsewhere", "build", "catalog_id", "pack_nodes", "pack_values", "runtime_of",
            "unpack_values"]
@@ -40,7 +40,8 @@ def pack_nodes(nodes: dict[str, Any], mode: str, send: tuple[str, ...]) -> tuple
             module = type(impl).__module__
             if module == "__main__":
                 raise DeclarationError(
-                    f"node {node_id!r} is a {type(impl).__qualname__} defined in __main__, "
+                    f"node {made_from(node_id)!r} is a {type(impl).__qualname__} defined in "
+                    "__main__, "
                     "which a worker in mode='project' cannot import; move the class to a "
                     "module the worker can import, or use mode='network' so the code travels"
                 )
@@ -89,7 +90,8 @@ def _unpicklable(nodes: dict[str, Any], exc: Exception) -> UnwritableError:
             pickle.dumps(impl, protocol=5)
         except Exception:
             return UnwritableError(
-                f"node {node_id!r} ({type(impl).__qualname__}) cannot be sent to a worker: "
+                f"node {made_from(node_id)!r} ({type(impl).__qualname__}) cannot be sent to a "
+                "worker: "
                 f"{type(exc).__name__}: {exc}; keep what cannot be pickled (open files, "
                 "locks, sockets) out of the node, or build it on first use"
             )
