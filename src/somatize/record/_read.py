@@ -4,6 +4,11 @@ Listing a run is one scan of names (``store.bound``), which also hands over each
 binding's meta; that is where a summarised fact is read from, so a curve over ten
 thousand forwards opens no record at all. Everything per node opens every record
 of the run, once.
+
+A store is written by many hands, so a reader of a whole run never falls over one
+record it cannot read: it reads the rest, and ``damaged`` says which records it left
+out and why. Only a reader of one named forward (``facts``) refuses a damaged one,
+saying why, since that forward is all it was asked for.
 """
 
 from __future__ import annotations
@@ -14,13 +19,15 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._errors import CorruptRecord, RecordError
+from collections import OrderedDict
+
+from .._errors import CorruptObject, CorruptRecord, RecordError
 from .._version import __version__
 from ..store import Bound
-from ._recorder import EACH, FORMAT, check_run, flush_pending, forward_name
+from ._recorder import EACH, FORMAT, PER_OBJECT, check_run, flush_pending, forward_name
 
-__all__ = ["Run", "Tally", "curve", "facts", "forwards", "forwards_of", "nodes", "run_of",
-           "runs", "tally"]
+__all__ = ["Run", "Tally", "curve", "damaged", "facts", "forwards", "forwards_of", "nodes",
+           "readable", "run_of", "runs", "tally"]
 
 
 @dataclass(frozen=True)
@@ -39,10 +46,14 @@ def forwards_of(bound: Any, index: int) -> list[tuple[int, Any]]:
     record of one forward; for a batch, one Bound a forward, named as that forward
     would be and with that forward's summary as its meta."""
     each = bound.meta.get(EACH) if type(bound.meta) is dict else None
-    if type(each) is int and each > 0:  # a batch of a run that summarises nothing
+    # A count is what the meta claims, not what the record holds: one past what a Recorder
+    # writes in a batch is not a Recorder's, and is not believed (10**12 would be a
+    # list of 10**12 Bounds); the binding is then the one forward it is named after.
+    if type(each) is int and 0 < each <= PER_OBJECT:  # a batch of a run summarising nothing
         each = [{}] * each
-    elif type(each) is not list:
-        return [(index, bound)]
+    elif type(each) is not list or not 0 < len(each) <= PER_OBJECT:
+        return [(index, bound if type(bound.meta) is dict else
+                 Bound(bound.name, bound.digest, {}, bound.when))]
     stem = bound.name[:bound.name.rfind("/") + 1]
     return [(index + at, Bound(f"{stem}{index + at}", bound.digest,
                                summary if type(summary) is dict else {}, bound.when))
@@ -67,8 +78,10 @@ def _run(name: str, listed: list[tuple[int, Any]]) -> Run:
         for key, value in bound.meta.items():
             if value is not None:
                 summary[key] = value
-    whens = [bound.when for _, bound in listed]
-    return Run(name, len(listed), min(whens), max(whens), summary)
+    whens = [bound.when for _, bound in listed
+             if isinstance(bound.when, (int, float)) and math.isfinite(bound.when)]
+    return Run(name, len(listed), min(whens, default=math.nan), max(whens, default=math.nan),
+               summary)
 
 
 def runs(store: Any) -> list[Run]:
@@ -177,6 +190,50 @@ def _parsed(store: Any, bound: Any) -> dict[str, Any]:
 
 _lock = threading.Lock()
 _recent: dict[str, dict[str, Any]] = {}  # digest -> record: a digest names the bytes for good
+# (store, name, digest) -> why that record could not be read. Kept by digest too, so a
+# name bound again to a good record is no longer said to be damaged.
+_damage: OrderedDict[tuple[str, str, str], str] = OrderedDict()
+_DAMAGE_KEPT = 10_000
+
+
+def readable(store: Any, bound: Any) -> dict[str, Any] | None:
+    """One forward's record as ``read`` answers it, or None for one that cannot be read
+    (not JSON, not a record, lost, of bytes that are not theirs): then ``damaged`` says
+    why. A store that cannot be reached at all still raises: that is not one record."""
+    try:
+        return read(store, bound)
+    except (RecordError, CorruptObject) as exc:
+        _note(store, bound, str(exc))
+        return None
+
+
+def _note(store: Any, bound: Any, why: str) -> None:
+    with _lock:
+        _damage[(_where(store), bound.name, bound.digest)] = why
+        while len(_damage) > _DAMAGE_KEPT:
+            _damage.popitem(last=False)
+
+
+def damaged_reason(store: Any, bound: Any) -> str:
+    """Why ``readable`` answered None for ``bound``."""
+    with _lock:
+        return _damage.get((_where(store), bound.name, bound.digest), "it could not be read")
+
+
+def damaged(store: Any, run: str) -> dict[str, str]:
+    """``{record name: why}`` for the records of a run that a reader found it could not
+    read and left out (only those read so far: a curve read from names opens none)."""
+    where = _where(store)
+    with _lock:
+        if not _damage:
+            return {}
+        said = {(name, digest): why for (at, name, digest), why in _damage.items() if at == where}
+    out = {}
+    for _, bound in listed(store, run):
+        why = said.get((bound.name, bound.digest))
+        if why is not None:
+            out[bound.name] = why
+    return out
 
 
 def facts(store: Any, run: str, forward: int) -> list[dict[str, Any]]:
@@ -212,6 +269,7 @@ class Tally:
     forwards: int = 0
     took_us: int = 0  # all forwards, end to end
     failed: int = 0  # forwards that raised
+    damaged: dict[str, str] = field(default_factory=dict)  # records left out: name -> why
 
 
 _NODE_COUNTS = ("ran", "recalled", "kept", "unneeded", "failed")
@@ -274,7 +332,11 @@ def tally(store: Any, run: str) -> Tally:
     """Every record of a run read once and summed."""
     out = Tally()
     for _, bound in listed(store, run):
-        for fact in read(store, bound)["facts"]:
+        record = readable(store, bound)
+        if record is None:
+            out.damaged[bound.name] = damaged_reason(store, bound)
+            continue
+        for fact in record["facts"]:
             if type(fact) is dict:
                 _count(out, fact)
         out.forwards += 1
@@ -296,7 +358,8 @@ def points(store: Any, run: str, fact: str = "loss", field: str = "value") -> li
     """``(forward, value)`` for each forward that said ``fact``, its last one, in order.
 
     A forward whose binding summarised the fact is read from its meta (None there
-    means the forward never said it); only the others are opened.
+    means the forward never said it); only the others are opened. A record that cannot
+    be read, or whose value is not a number, is left out (``damaged`` says why).
     """
     if type(fact) is not str or type(field) is not str:
         raise TypeError("fact and field are names (str), e.g. curve(store, run, 'loss')")
@@ -309,9 +372,17 @@ def points(store: Any, run: str, fact: str = "loss", field: str = "value") -> li
             elif field != "value":
                 value = None
         else:
-            value = _last(read(store, bound)["facts"], fact, field)
-        if value is not None:
-            out.append((forward, _number(value, bound.name, fact, field)))
+            record = readable(store, bound)
+            value = None if record is None else _last(record["facts"], fact, field)
+        if value is None:
+            continue
+        number = _number(value)
+        if number is None:
+            _note(store, bound, f"record {bound.name} in {_where(store)}: the {fact!r} fact's "
+                                f"{field!r} is {_short(value)}, not a number; that forward is "
+                                "left out of the curve")
+        else:
+            out.append((forward, number))
     return out
 
 
@@ -322,13 +393,18 @@ def _last(said: list[Any], fact: str, field: str) -> Any:
     return None
 
 
-def _number(value: Any, where: str, fact: str, field: str) -> float:
+def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise RecordError(f"{where}: the {fact!r} fact's {field!r} is {value!r}, not a number")
+        return None
     try:
         return float(value)
-    except ValueError:
-        raise RecordError(f"{where}: the {fact!r} fact's {field!r} is {value!r}, not a number") from None
+    except (ValueError, OverflowError):  # a str that is no number; an int past a float
+        return None
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def curve(store: Any, run: str, fact: str = "loss", *, field: str = "value") -> list[float]:
