@@ -268,6 +268,7 @@ class Tally:
     hops: dict[str, dict[str, int]] = field(default_factory=dict)
     forwards: int = 0
     took_us: int = 0  # all forwards, end to end
+    first_took_us: int = 0  # the first of them, end to end: its warm-up is in it
     failed: int = 0  # forwards that raised
     damaged: dict[str, str] = field(default_factory=dict)  # records left out: name -> why
 
@@ -279,7 +280,8 @@ def _node(tally: Tally, node: str) -> dict[str, Any]:
     entry = tally.nodes.get(node)
     if entry is None:
         entry = tally.nodes[node] = {**dict.fromkeys(_NODE_COUNTS, 0), "items": 0,
-                                     "total_us": 0, "mean_us": 0.0, "host": None}
+                                     "total_us": 0, "mean_us": 0.0, "host": None,
+                                     "forward_us": 0, "backward_us": 0, "first_us": 0}
     return entry
 
 
@@ -291,17 +293,23 @@ def _hop(tally: Tally, host: str) -> dict[str, int]:
     return entry
 
 
-def _count(tally: Tally, fact: dict[str, Any]) -> None:
+def _count(tally: Tally, fact: dict[str, Any], first: bool) -> None:
+    """Sums one fact in; ``first``: it is of the run's first forward, whose time (its
+    warm-up: allocations, compilation, caches filled) is kept apart from the rest."""
     kind = fact.get("fact")
     if kind == "ran" and fact.get("backward") and isinstance(fact.get("node"), str):
         entry = _node(tally, fact["node"])  # a trainer walked back through it: learning
         entry["learned"] = entry.get("learned", 0) + 1
-        entry["total_us"] += _int(fact.get("took_us"))
+        took = _int(fact.get("took_us"))
+        entry["total_us"] += took
+        entry["first_us" if first else "backward_us"] += took
     elif kind in _NODE_COUNTS and isinstance(fact.get("node"), str):
         entry = _node(tally, fact["node"])
         entry[kind] += 1
         if kind == "ran":
-            entry["total_us"] += _int(fact.get("took_us"))
+            took = _int(fact.get("took_us"))
+            entry["total_us"] += took
+            entry["first_us" if first else "forward_us"] += took
             entry["items"] += _int(fact.get("items"))
             if fact.get("host") is not None:
                 entry["host"] = fact["host"]
@@ -311,7 +319,10 @@ def _count(tally: Tally, fact: dict[str, Any]) -> None:
         entry[f"{kind}_bytes"] += _int(fact.get("bytes"))
         entry[f"{kind}_us"] += _int(fact.get("took_us"))
     elif kind == "finished":
-        tally.took_us += _int(fact.get("took_us"))
+        took = _int(fact.get("took_us"))
+        tally.took_us += took
+        if first:
+            tally.first_took_us += took
         tally.failed += bool(fact.get("failed"))
 
 
@@ -331,14 +342,16 @@ _HUGE = 2**63
 def tally(store: Any, run: str) -> Tally:
     """Every record of a run read once and summed."""
     out = Tally()
-    for _, bound in listed(store, run):
+    found = listed(store, run)
+    for forward, bound in found:
         record = readable(store, bound)
         if record is None:
             out.damaged[bound.name] = damaged_reason(store, bound)
             continue
+        first = forward == found[0][0]
         for fact in record["facts"]:
             if type(fact) is dict:
-                _count(out, fact)
+                _count(out, fact, first)
         out.forwards += 1
     for entry in out.nodes.values():
         entry["mean_us"] = entry["total_us"] / entry["ran"] if entry["ran"] else 0.0
@@ -349,8 +362,9 @@ def nodes(store: Any, run: str) -> dict[str, dict[str, Any]]:
     """Per node, in the order first seen: how often it ``ran``, was ``recalled``,
     ``kept``, ``unneeded`` or ``failed``; the ``items`` a mapped node was handed;
     ``total_us`` spent running (and, for a node trained where it runs, learning: how
-    often is ``learned``) and ``mean_us`` per time it ran; the ``host`` it ran on
-    (None for here)."""
+    often is ``learned``) and ``mean_us`` per time it ran; that total apart, as
+    ``forward_us`` and ``backward_us`` after the run's first forward, and ``first_us``
+    in it (its warm-up); the ``host`` it ran on (None for here)."""
     return tally(store, run).nodes
 
 

@@ -14,6 +14,7 @@ import math
 import threading
 from typing import Any
 
+from .._errors import CorruptObject, RecordError
 from ..record import Run, facts
 from ..record._read import forwards_of
 from ._follow import Following
@@ -134,7 +135,11 @@ def _loss(following: Following, run: str, index: int, bound: Any) -> float | Non
         value = value.get("value") if isinstance(value, dict) else value
     else:
         value = None
-        for fact in reversed(facts(following, run, index)):
+        try:
+            said = facts(following, run, index)
+        except (RecordError, CorruptObject):  # damaged: no loss for it, the rest still drawn
+            said = []
+        for fact in reversed(said):
             if type(fact) is dict and fact.get("fact") == "loss":
                 value = fact.get("value")
                 break
