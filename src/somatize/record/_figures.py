@@ -165,9 +165,11 @@ def spent(store: Any, run: str) -> Any:
         _hop_bars(fig, graph_objects, summed)
     bars = len(ranked) + (2 * len(summed.hops) + 2 if summed.hops else 0)
     fig.update_layout(
-        title={"text": _spent_title(run, summed), "x": 0.01, "xanchor": "left"},
+        # The title's lines from the top down, clear of the nodes' own title below them.
+        title={"text": _spent_title(run, summed), "x": 0.01, "xanchor": "left",
+               "yref": "container", "y": 1, "yanchor": "top", "pad": {"t": 16}},
         template="plotly_white", font=FONT, barmode="group", bargap=0.25,
-        height=max(340, 190 + 34 * bars), margin={"l": 140, "r": 40, "t": 110, "b": 50},
+        height=max(360, 210 + 34 * bars), margin={"l": 140, "r": 40, "t": 140, "b": 50},
         legend={"orientation": "h", "x": 1, "xanchor": "right", "y": 1.0, "yanchor": "bottom"},
     )
     fig.update_xaxes(rangemode="tozero", row=1, col=1)

@@ -29,9 +29,9 @@ __all__ = ["Board"]
 DRAW_EVERY = 2.0  # seconds between two drawings of one run's sections, at least
 DRAW_SHARE = 5  # ...and at least this many times what the last drawing took
 DIAGNOSE_FOR = 0.3  # seconds a look at the list of runs may spend judging runs
-LIVE_FOR = 30.0  # a run whose last forward is younger than this is shown as recording...
-LIVE_AT_LEAST = 5.0  # ...or, when its pace is known, than this or STILL_AFTER forwards' time
-STILL_AFTER = 10  # forwards' time without one after which a run is said to have stopped
+LIVE_FOR = 10.0  # a run whose last forward is younger than this is shown as recording...
+LIVE_AT_LEAST = 5.0  # ...or, once its pace is known, than this or STILL_AFTER bindings' time
+STILL_AFTER = 10  # bindings' time without one after which a run is said to have stopped
 RATE_OVER = 20  # forwards the rate is measured over
 
 
@@ -122,7 +122,7 @@ class Board:
         now = time.time()
         return [{"name": name, "forwards": run.forwards, "first": run.first, "last": run.last,
                  "ago": _ago(now, run.last),
-                 "live": _live(now, run.last, row.shape.rate(RATE_OVER)),
+                 "live": _live(now, run.last, row.shape.pace(RATE_OVER)),
                  "loss": _as_shown(row.loss), "findings": row.findings,
                  "damaged": self._damage(name, row)} for name, row, run in rows]
 
@@ -165,7 +165,7 @@ class Board:
         now = time.time()
         return {"run": run, "version": version, "forwards": shape.forwards, "first": shape.first,
                 "last": shape.last, "ago": _ago(now, shape.last),
-                "live": _live(now, shape.last, rate), "rate": rate,
+                "live": _live(now, shape.last, row.shape.pace(RATE_OVER)), "rate": rate,
                 "loss": _as_shown(losses.last()), "points": [[i, finite(v)] for i, v in points]}
 
     def _losses_of(self, run: str) -> Losses:
@@ -216,12 +216,13 @@ def _ago(now: float, last: float) -> float | None:
     return max(0.0, ago) if math.isfinite(ago) else None
 
 
-def _live(now: float, last: float, rate: float | None) -> bool:
-    """Whether a run is still being recorded, as far as its names tell: its last forward
-    is younger than ten of its own forwards' time (five seconds at least), so a run that
-    ended is said to have stopped within seconds, and a slow one is not, between two
-    steps. A time that is no number (NaN) is not live."""
-    within = LIVE_FOR if not rate else max(LIVE_AT_LEAST, STILL_AFTER / rate)
+def _live(now: float, last: float, pace: float | None) -> bool:
+    """Whether a run is still being recorded, as far as its names tell: its last binding
+    is younger than ten times the run's own time between bindings (five seconds at
+    least; ``LIVE_FOR`` before it has a pace), so a run that ended is said to have
+    stopped within seconds, and a slow one is not, between two steps. A time that is
+    no number (NaN) is not live."""
+    within = LIVE_FOR if not pace else max(LIVE_AT_LEAST, STILL_AFTER * pace)
     return bool(now - last < within)
 
 

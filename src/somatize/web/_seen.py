@@ -89,6 +89,19 @@ class Shape(_Kept):
             return Run(self.run, len(self.indices), self.first, self.last,
                        {key: value for key, (_, value) in self.latest.items()})
 
+    def pace(self, over: int) -> float | None:
+        """Seconds between two of the run's bindings, the median over its last ``over``;
+        None before there are two. A Recorder binds a batch of the forwards that finished
+        every fraction of a second while a run goes, so a gap many times this long is a
+        run that stopped."""
+        with self.lock:
+            whens = sorted({self.whens[i] for i in self.indices[-over:]})
+        gaps = [b - a for a, b in zip(whens, whens[1:]) if b > a]
+        if not gaps:
+            return None
+        gaps.sort()
+        return gaps[len(gaps) // 2]
+
     def rate(self, over: int) -> float | None:
         """Forwards a second over the last ``over``, by when they were bound."""
         whens = sorted(self.whens[i] for i in self.indices[-over:])
