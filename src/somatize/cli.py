@@ -356,13 +356,19 @@ def _health(argv: list[str]) -> int:
         arguments = _health_parser().parse_args(argv)
     except SystemExit as exc:  # argparse has said what was wrong (or printed --help)
         return exc.code if isinstance(exc.code, int) else USAGE_ERROR
+    from .record._read import damaged
+
     try:
         thresholds = thresholds_from(_pairs(arguments.threshold))
-        facts = judged_facts(_store(arguments.store), arguments.run)
+        store = _store(arguments.store)
+        facts = judged_facts(store, arguments.run)
+        left_out = damaged(store, arguments.run)
     except (Refused, SomaError, OSError, ValueError, TypeError) as exc:
         print(f"somatize health: {exc}", file=sys.stderr)
         return USAGE_ERROR
-    _print(findings_told(arguments.run, facts, thresholds))
+    # Judged from the records that could be read; the others are said, not hidden.
+    _print(findings_told(arguments.run, facts, thresholds)
+           + [f"damaged (left out): {why}" for why in left_out.values()])
     return 0
 
 

@@ -260,10 +260,14 @@ def test_a_meta_claiming_a_trillion_forwards_is_not_believed(tmp_path, capsys):
     assert following.runs().keys() == {GOOD, "huge"}
 
 
-def test_a_run_whose_record_is_not_json_is_listed_damaged_and_the_rest_as_ever(tmp_path):
+def test_a_run_whose_record_is_not_json_is_listed_damaged_and_the_rest_as_ever(tmp_path,
+                                                                              capsys):
     store = Store(tmp_path / "s", durable=False)
     good_run(store)
     store.bind("run/broken/0", store.put(b"\x00 not json"))
+    assert main(["health", store.where, "broken"]) == 0
+    told = capsys.readouterr().out.splitlines()
+    assert told[-1].startswith("damaged (left out): record run/broken/0 in ")
     with served(store) as client:
         answer = client.get("/api/runs")
         assert answer.status_code == 200

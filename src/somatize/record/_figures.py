@@ -75,7 +75,8 @@ def curve_figure(xs: Sequence[int], values: Sequence[float], *, name: str = "los
         legend={"orientation": "h", "x": 1, "xanchor": "right", "y": 1.02, "yanchor": "bottom"},
         xaxis={"title": "forward", "rangemode": "tozero"},
         yaxis={"title": name + (" (log scale)" if log else ""), "type": "log" if log else "linear",
-               **({"range": list(flat), "tickformat": ".4~g"} if flat else {})},
+               **({"range": list(flat), "tickformat": ".4~g"} if flat else {}),
+               **({"dtick": 1} if log else {})},  # a label a decade: minor ones crowd it
     )
     if flat:
         level = (flat[0] + flat[1]) / 2

@@ -104,6 +104,7 @@ def answered(section: Callable[[Any, str], Section | None], store: Any, run: str
 def _body(part: Any, at: int) -> str:
     if isinstance(part, str):
         return part
+    part.update_layout(modebar={"orientation": "v"})  # upright at the edge, off the title
     return part.to_html(full_html=False, include_plotlyjs=False, div_id=f"somatize-{at}",
                         config={"displaylogo": False})
 
