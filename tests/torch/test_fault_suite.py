@@ -103,7 +103,7 @@ def right(findings, whats, wheres, weighted):
     for f in findings:
         if f.what not in whats:
             continue
-        node = f.node  # a where is a node and a path inside it, kept apart
+        node = f.where if f.node is None else f.node  # a node and a path, kept apart
         if (wheres is not None and node in wheres) or (
                 wheres is None and (node in weighted or (f.where == "loss"
                                                         and f.what in faultnets.RUN_LEVEL))):

@@ -47,7 +47,7 @@ def described(store: Any, run: str) -> Any:
         return None
     try:
         return rebuilt(said[-1]["graph"])
-    except (SomaError, ValueError, TypeError, KeyError, AttributeError):
+    except (SomaError, ValueError):  # undescribed() checks it whole, and says it is not
         return None  # not what describe() writes: the section is left out, as for none
 
 

@@ -16,18 +16,17 @@ from __future__ import annotations
 import json
 import math
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
-
-from collections import OrderedDict
 
 from .._errors import CorruptObject, CorruptRecord, RecordError
 from .._version import __version__
 from ..store import Bound
 from ._recorder import EACH, FORMAT, PER_OBJECT, check_run, flush_pending, forward_name
 
-__all__ = ["Run", "Tally", "curve", "damaged", "facts", "forwards", "forwards_of", "nodes",
-           "readable", "run_of", "runs", "tally"]
+__all__ = ["Run", "Tally", "curve", "damaged", "damaged_reason", "facts", "forwards",
+           "forwards_of", "nodes", "readable", "run_of", "runs", "tally"]
 
 
 @dataclass(frozen=True)
