@@ -93,7 +93,7 @@ def train(seeded, store, run):
             trainer.step(batch)
     trainer.close()
     recorder.close()
-    return [fact for fact in said if fact["fact"] in ("health", "loss")], how
+    return [fact for fact in said if fact["fact"] in ("health", "loss", "graph")], how
 
 
 def right(findings, whats, wheres, weighted):

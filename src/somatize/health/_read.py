@@ -104,8 +104,9 @@ def places_of(facts: list[dict[str, Any]]) -> dict[str, tuple[str, str]]:
     for fact in facts:
         if type(fact) is not dict:
             continue
-        if fact.get("fact") == "graph":
-            nodes.update(fact.get("nodes", ()))
+        if fact.get("fact") == "graph":  # as a Trainer says it, or as judged_facts keeps it
+            said = (_graph_said(fact) if "graph" in fact else fact).get("nodes")
+            nodes.update(n for n in (said if type(said) is list else ()) if type(n) is str)
         elif fact.get("fact") == "health" and isinstance(fact.get("where"), str):
             wheres[fact["where"]] = None
     if nodes:
@@ -137,7 +138,8 @@ def _among(where: str, wheres: set[str]) -> tuple[str, str]:
 def optimizer_of(facts: list[dict[str, Any]]) -> str | None:
     """The optimizer's class name the run's ``graph`` fact says (None if it says none)."""
     for fact in facts:
-        if type(fact) is dict and fact.get("fact") == "graph" and fact.get("optimizer"):
+        if type(fact) is dict and fact.get("fact") == "graph" \
+                and type(fact.get("optimizer")) is str and fact["optimizer"]:
             return fact["optimizer"]
     return None
 

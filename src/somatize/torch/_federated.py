@@ -306,13 +306,13 @@ def gather(store: Store, what: Mapping[str, Mapping[str, Any]], *, run: str, rou
         raise ValueError(f"nonfinite={nonfinite!r} is refused: it is 'refuse' (a part "
                          "holding NaN or inf is refused) or 'warn' (it is averaged, with a "
                          "warning)")
-    _finite(what, mine, run, round, nonfinite)
     key = None if secret is None else _key(_secret(secret), run)
     names = _Round(run, round)
     deadline = time.monotonic() + within
     answer = _answer(store, names, key)
     if answer is not None:
         return answer
+    _finite(what, mine, run, round, nonfinite)  # before it is kept, where it would count
     written = dumps(what)  # first: what has no codec is refused before anything is put
     who = f"{socket.gethostname()}/{os.getpid()}"
     me = (store.put(who.encode()), {"client": mine, "by": who})
