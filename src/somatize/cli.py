@@ -256,9 +256,13 @@ def _nodes_table(store: Any, run: str) -> list[str]:
 
     summed = tally(store, run)
     head = [f"run {run}: {summed.forwards} forwards, {summed.took_us / 1000:.6g} ms end to end"
-            + (f", {summed.failed} failed" if summed.failed else "")]
+            + (f", {summed.failed} failed" if summed.failed else "")
+            + (f", {len(summed.damaged)} damaged (left out)" if summed.damaged else "")]
+    # A record that cannot be read is said, and the rest shown: one bad record of many
+    # hands must not hide a run.
+    damage = [f"damaged: {why}" for why in summed.damaged.values()]
     if not summed.nodes:
-        return head + ["no node ran"]
+        return head + ["no node ran"] + damage
     total = sum(entry["total_us"] for entry in summed.nodes.values()) or 1
     rows = [[node, e["host"] or "here", str(e["ran"]), str(e["recalled"]), str(e["kept"]),
              str(e["unneeded"]), str(e["failed"]), f"{e['total_us'] / 1000:.6g}",
@@ -271,7 +275,7 @@ def _nodes_table(store: Any, run: str) -> list[str]:
         lines.append(f"wire to {host}: sent {hop['sent']}× ({hop['sent_bytes']} bytes, "
                      f"{hop['sent_us'] / 1000:.6g} ms), received {hop['received']}× "
                      f"({hop['received_bytes']} bytes, {hop['received_us'] / 1000:.6g} ms)")
-    return lines
+    return lines + damage
 
 
 def _show(store: Any, run: str, forward: int | None) -> list[str]:
@@ -415,13 +419,19 @@ def _health(argv: list[str]) -> int:
         arguments = _health_parser().parse_args(argv)
     except SystemExit as exc:  # argparse has said what was wrong (or printed --help)
         return exc.code if isinstance(exc.code, int) else USAGE_ERROR
+    from .record._read import damaged
+
     try:
         thresholds = thresholds_from(_pairs(arguments.threshold))
-        facts = judged_facts(_reading(arguments), arguments.run)
+        store = _reading(arguments)
+        facts = judged_facts(store, arguments.run)
+        left_out = damaged(store, arguments.run)
     except (Refused, SomaError, OSError, ValueError, TypeError) as exc:
         print(f"somatize health: {exc}", file=sys.stderr)
         return USAGE_ERROR
-    _print(findings_told(arguments.run, facts, thresholds))
+    # Judged from the records that could be read; the others are said, not hidden.
+    _print(findings_told(arguments.run, facts, thresholds)
+           + [f"damaged (left out): {why}" for why in left_out.values()])
     return 0
 
 

@@ -91,3 +91,16 @@ def test_short_runs_are_judged_whole_and_runs_of_a_few_steps_or_losses_under_0_n
     assert found([-1.0] * 60) == []
     with pytest.raises(ValueError, match="loss_window=2"):
         found([1.0] * 10, loss_window=2)
+
+
+def test_a_flat_start_the_run_then_leaves_is_no_plateau_one_it_keeps_or_returns_to_is():
+    start = [0.693 - 0.048 * t / 60 for t in range(60)]  # 0.693 -> 0.645: slow
+    learns = [0.645 * math.exp(-t / 25) + 0.26 * (1 - math.exp(-t / 25)) for t in range(60)]
+    assert found(noisy(start + learns, 0.01)) == []  # a slow start, then it learnt
+    assert found(noisy(start, 0.01)) == [("loss", "plateau", 1)]  # flat to its end
+    back = [0.4 + (0.693 - 0.4) * t / 30 for t in range(30)] + [0.693] * 40
+    returned = [(f.what, f.since) for f in findings_of(said(noisy(start + learns[:30] + back,
+                                                                   0.01)))]
+    assert ("plateau", 1) in returned  # left, then came back to: the run never got past it
+    # left by less than the threshold's share of its level: still one
+    assert found(noisy(start + [0.62] * 60, 0.01))[0][1] == "plateau"

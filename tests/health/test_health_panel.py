@@ -46,3 +46,26 @@ def test_the_section_is_a_table_of_findings_over_the_panel_or_a_note(tmp_path):
     recorded(store, "plain", [{}])
     heading, body = section(store, "plain")
     assert "auditing=True" in body and "<table" not in body
+
+
+def test_a_zero_on_a_log_axis_is_a_marker_on_the_axis_said_to_be_zero_not_a_floor(tmp_path):
+    store = Store(str(tmp_path))
+    still = lambda n: {"grad_norm": 0.0 if n > 10 else 0.75, "update_ratio": 0.0,  # noqa: E731
+                       "act_zero": 0.1, "nonfinite": 0}
+    moving = lambda n: {"grad_norm": 0.75, "update_ratio": 1e-3, "act_zero": 0.1,  # noqa: E731
+                        "nonfinite": 0}
+    recorded(store, "r", chain(20, frozen=still, head=moving))
+    figure = panel(store, "r")
+    lines = {(t.name, t.yaxis): t for t in figure.data if t.mode == "lines"}
+    frozen_grad = lines[("frozen", "y2")]
+    assert list(frozen_grad.y[10:]) == [None] * 10  # a gap, never a line down to a floor
+    zeros = {(t.name, t.yaxis): t for t in figure.data if t.mode == "markers"}
+    on_axis = zeros[("frozen: exactly 0", "y2")]
+    assert list(on_axis.x) == list(range(11, 21))
+    assert on_axis.y[0] == pytest.approx(10 ** figure.layout.yaxis2.range[0])  # the lower edge
+    assert "exactly 0" in on_axis.hovertemplate
+    # the update ratio: the frozen where is 0 throughout, marked on its axis at every step
+    assert list(zeros[("frozen: exactly 0", "y3")].x) == list(range(1, 21))
+    assert figure.layout.yaxis3.range[0] < -3  # below head's 1e-3, so 0 is under every value
+    said = [a for a in figure.layout.annotations if a.text == "▲ on the axis: exactly 0"]
+    assert {a.yref for a in said} == {"y2 domain", "y3 domain"}

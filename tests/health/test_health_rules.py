@@ -103,12 +103,44 @@ def test_a_finding_is_frozen_plain_data_and_overlay_colours_the_node():
     with pytest.raises(dataclasses.FrozenInstanceError):
         finding.where = "head"
     assert finding.as_dict() == {"where": "body.net.0", "what": "dying", "since": 3,
-                                 "evidence": {"measure": "act_zero"}, "advice": ""}
+                                 "evidence": {"measure": "act_zero"}, "advice": "",
+                                 "node": "body", "path": "net.0"}  # made by hand: its first dot
     findings = [finding, Finding("body", "dying", 5), Finding("body.net.2", "vanishing", 1),
                 Finding("head", "nonfinite", 9)]
     assert overlay(findings) == {"body": ["dying", "vanishing"], "head": ["nonfinite"]}
     with pytest.raises(TypeError, match="Findings"):
         overlay([("body", "dying")])
+
+
+def test_a_node_id_with_dots_is_one_node_and_its_findings_and_advice_name_it():
+    described = {"fact": "graph", "nodes": ["enc.v2", "layer.1", "head"], "optimizer": "SGD"}
+    zeros = lambda n: {**healthy(n), "act_zero": 1.0}  # noqa: E731
+    steps = chain(15, **{"enc.v2": zeros, "enc.v2.net.0": zeros, "layer.1": healthy,
+                         "head": healthy})
+    findings = findings_of([described] + said(steps))
+    assert [(f.where, f.node, f.path, f.what) for f in findings] == [
+        ("enc.v2", "enc.v2", "", "dying"), ("enc.v2.net.0", "enc.v2", "net.0", "dying")]
+    assert overlay(findings) == {"enc.v2": ["dying"]}
+    # Without the graph, a where is inside the shortest other where it starts with.
+    alone = findings_of(said(steps))
+    assert [(f.node, f.path) for f in alone] == [("enc.v2", ""), ("enc.v2", "net.0")]
+    # vanishing is judged against the node where the loss enters: 'head', not 'layer'
+    faint = lambda n: {**healthy(n), "grad_norm": 1e-6}  # noqa: E731
+    quiet = findings_of([described] + said(chain(15, **{"layer.1": faint, "head": healthy})))
+    assert [(f.where, f.what) for f in quiet] == [("layer.1", "vanishing")]
+    assert "layer.1" in quiet[0].advice
+
+
+def test_update_too_large_advice_fits_the_optimizer_the_run_said():
+    big = lambda n: {**healthy(n), "update_ratio": 0.9}  # noqa: E731
+    steps = said(chain(15, body=big, head=healthy))
+    told = {name: findings_of([{"fact": "graph", "nodes": ["body", "head"],
+                                "optimizer": name}] + steps)[0] for name in ("SGD", "Adam")}
+    assert told["SGD"].evidence["optimizer"] == "SGD"
+    assert "SGD" in told["SGD"].advice and "Adam" not in told["SGD"].advice
+    assert "clip" in told["SGD"].advice and "Adam" in told["Adam"].advice
+    unsaid = findings_of(steps)[0]
+    assert "Adam" not in unsaid.advice and "optimizer" not in unsaid.evidence
 
 
 def test_diagnose_reads_the_same_from_a_store(tmp_path):

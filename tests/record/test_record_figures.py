@@ -87,12 +87,17 @@ def test_spent_draws_each_node_total_sorted_and_coloured_by_host(store):
     recorded(store, steps=10, extra=remote)
     fig = spent(store, "a-run")
     per_node = nodes(store, "a-run")
-    bars = {y: x for trace in fig.data for y, x in zip(trace.y, trace.x)}
-    assert bars == {n: e["total_us"] / 1000 for n, e in per_node.items()}
+    bars = {}
+    for trace in fig.data:
+        for y, x in zip(trace.y, trace.x):
+            bars[y] = bars.get(y, 0) + x
+    assert bars == pytest.approx({n: e["total_us"] / 1000 for n, e in per_node.items()})
     ranked = sorted(per_node, key=lambda n: -per_node[n]["total_us"])
     assert list(fig.layout.yaxis.categoryarray) == ranked[::-1]  # the largest on top
     names = {trace.name: trace.marker.color for trace in fig.data}
-    assert set(names) == {"here", "on w1"} and names["here"] != names["on w1"]
+    assert set(names) == {"forward · here", "forward · on w1", "first forward (warm-up) · here",
+                          "first forward (warm-up) · on w1"}
+    assert names["forward · here"] != names["forward · on w1"]
     assert "10 forwards" in fig.layout.title.text
 
 
@@ -163,3 +168,49 @@ def test_figures_are_data_that_plotly_can_serialise(store):
     recorded(store, steps=5, losses=lambda i: 1.0 / (i + 1))
     for fig in (progress(store, "a-run"), spent(store, "a-run")):
         assert json.loads(fig.to_json())["data"]
+
+
+def test_a_flat_curve_keeps_its_labels_and_no_noise_is_drawn_as_motion(store):
+    noise = [1e-9, -2e-9, 3e-9, 0.0, -1e-9]
+    recorded(store, steps=40, losses=lambda i: 0.6931471805599453 + noise[i % 5])
+    fig = progress(store, "a-run")
+    low, high = fig.layout.yaxis.range
+    assert low < 0.69 and high > 0.697  # the level with room either side, not the noise
+    assert (high - low) > 0.05 * 0.69
+    raw, smooth = fig.data
+    assert max(smooth.y) - min(smooth.y) < 1e-8 * (high - low) * 1e3  # flat as drawn
+    assert "flat" in fig.layout.annotations[0].text
+    recorded(store, run="moves", steps=40, losses=lambda i: 1.0 - i / 100)
+    assert progress(store, "moves").layout.yaxis.range is None  # a moving curve: plotly's own
+
+
+def test_spent_keeps_forward_backward_and_the_first_forward_apart(store):
+    apart = [{"fact": "ran", "node": "head", "backward": True, "took_us": 7000},
+             {"fact": "ran", "node": "far", "host": "w1", "took_us": 5000},
+             {"fact": "ran", "node": "far", "host": "w1", "backward": True, "took_us": 9000}]
+    recorded(store, steps=10, extra=apart)
+    per_node = nodes(store, "a-run")
+    for entry in per_node.values():  # the three parts are the whole, and nothing twice
+        assert entry["forward_us"] + entry["backward_us"] + entry["first_us"] == entry["total_us"]
+    assert per_node["head"]["backward_us"] == 9 * 7000 and per_node["far"]["forward_us"] == 9 * 5000
+    assert per_node["far"]["first_us"] == 5000 + 9000  # the first forward's, both ways
+    fig = spent(store, "a-run")
+    drawn = {}
+    for trace in fig.data:
+        for node, length, base in zip(trace.y, trace.x, trace.base):
+            drawn.setdefault(node, []).append((base, length, trace.name))
+    for node, parts in drawn.items():  # end to end along the bar, which sums the node's total
+        parts.sort()
+        assert parts[0][0] == 0
+        for (base, length, _), (after, _, _) in zip(parts, parts[1:]):
+            assert after == pytest.approx(base + length)
+        assert sum(length for _, length, _ in parts) == pytest.approx(per_node[node]["total_us"] / 1000)
+    names = {trace.name for trace in fig.data}
+    assert {"backward · here", "forward · on w1", "backward · on w1",
+            "first forward (warm-up) · on w1"} <= names
+    title = fig.layout.title.text
+    here = sum(e["forward_us"] for e in per_node.values() if e["host"] is None)
+    from somatize.record._figures import _ms
+    assert f"in the nodes forward {_ms(here)} here, {_ms(9 * 5000)} on workers" in title
+    assert f"backward {_ms(9 * 7000 + 9 * 9000)} (after the forwards" in title
+    assert "after the first" in title and "(warm-up)" in title

@@ -93,7 +93,7 @@ def train(seeded, store, run):
             trainer.step(batch)
     trainer.close()
     recorder.close()
-    return [fact for fact in said if fact["fact"] in ("health", "loss")], how
+    return [fact for fact in said if fact["fact"] in ("health", "loss", "graph")], how
 
 
 def right(findings, whats, wheres, weighted):
@@ -103,7 +103,7 @@ def right(findings, whats, wheres, weighted):
     for f in findings:
         if f.what not in whats:
             continue
-        node = f.where.split(".")[0]
+        node = f.where if f.node is None else f.node  # a node and a path, kept apart
         if (wheres is not None and node in wheres) or (
                 wheres is None and (node in weighted or (f.where == "loss"
                                                         and f.what in faultnets.RUN_LEVEL))):
@@ -277,3 +277,27 @@ def test_the_diagnosis_is_reproduced_from_the_store_alone_in_a_process_without_t
     assert sum(len(found) for found in elsewhere.values()) > 0
     assert any(f["where"] == "loss" for found in elsewhere.values() for f in found)
     assert all(f["advice"] for found in elsewhere.values() for f in found)
+
+
+@pytest.mark.slow
+def test_held_out_clean_runs_stay_quiet_and_advice_names_the_optimizer_used(tmp_path):
+    """The slow-start GRU (a flat start the run then leaves is not a plateau) and a plain
+    SGD GRU, trained for real: no findings; and an SGD run whose steps are far too large
+    is advised about SGD, read from the record, not about Adam."""
+    store = Store(str(tmp_path), durable=False)
+    quiet = {}
+    for name, build in faultnets.held_out().items():
+        for seed in range(2):
+            said, _ = train(build(seed), store, f"{name}-{seed}")
+            losses = [f["value"] for f in said if f["fact"] == "loss"]
+            assert min(losses[-10:]) < 0.9 * max(losses[:10]), (name, seed, losses[::10])
+            quiet[f"{name}-{seed}"] = diagnose(store, f"{name}-{seed}")
+    assert quiet == {run: [] for run in quiet}, quiet
+    g = faultnets.two_class_gru(0)
+    too_large = faultnets.Seeded(g, faultnets.sgd(g, 300.0), faultnets.halves(0, steps=30))
+    train(too_large, store, "sgd-too-large")
+    found = [f for f in diagnose(store, "sgd-too-large") if f.what == "update_too_large"]
+    assert found, [(f.where, f.what) for f in diagnose(store, "sgd-too-large")]
+    for finding in found:
+        assert finding.evidence["optimizer"] == "SGD"
+        assert "SGD" in finding.advice and "Adam" not in finding.advice

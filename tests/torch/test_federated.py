@@ -216,6 +216,42 @@ def test_asking_again_gives_the_same_answer_and_keeps_the_first_part(tmp_path):
     assert store.recall("fed/r/0/client/0")["n"]["w"][0] == 5
 
 
+def poisoned(mine: int) -> dict:
+    export = part(mine)
+    export["n"]["w"][1] = float("nan")
+    return export
+
+
+def test_a_part_holding_nan_is_refused_naming_the_client_before_it_is_kept(tmp_path):
+    store = Store(tmp_path / "s", durable=False)
+    with pytest.raises(ValueError, match=r"round 0 of run 'r': client 1's part holds 1 NaN or "
+                                         r"inf value in node 'n', key 'w'.*nonfinite='warn'"):
+        gather(store, poisoned(1), run="r", round=0, clients=2, mine=1, within=5, asking=0.01)
+    assert store.bound("fed/r/0") == []  # nothing kept: the round is not poisoned
+    infinite = part(0)
+    infinite["n"]["w"][0] = float("inf")
+    with pytest.raises(ValueError, match="client 0's part holds 1 NaN or inf"):
+        gather(store, infinite, run="r", round=0, clients=1, mine=0)
+    with pytest.raises(ValueError, match="nonfinite='never' is refused"):
+        gather(store, part(0), run="r", round=0, clients=1, mine=0, nonfinite="never")
+
+
+def test_another_clients_nan_part_is_refused_by_whoever_averages_or_warned_about(tmp_path):
+    from somatize._codec import dumps
+
+    store = Store(tmp_path / "s", durable=False)
+    for round in (0, 1):  # client 1 as a writer that did not check: its part kept as is
+        store.claim(f"fed/r/{round}/client/1", store.put(dumps(poisoned(1))),
+                    {"client": 1, "clients": 2, "size": None, "by": "elsewhere"})
+    with pytest.raises(ValueError, match="round 0 of run 'r': client 1's part holds 1 NaN"):
+        gather(store, part(0), run="r", round=0, clients=2, mine=0, within=5, asking=0.01)
+    assert store.resolve("fed/r/0/average") is None  # no average was written from it
+    with pytest.warns(UserWarning, match="client 1's part holds 1 NaN .* averaged in as asked"):
+        average = gather(store, part(0), run="r", round=1, clients=2, mine=0, within=5,
+                         asking=0.01, nonfinite="warn")
+    assert torch.isnan(average["n"]["w"][1]) and average["n"]["w"][0] == 0.5
+
+
 def test_clients_that_disagree_on_sizes_or_numbers_are_refused(tmp_path):
     store = Store(tmp_path / "s", durable=False)
     answers = [None, None]

@@ -1,8 +1,11 @@
 """What to do about a finding: one sentence per what, naming the where, as
 DeepDiagnosis (Wardat et al., ICSE 2022) pairs each symptom it finds with a fix.
 
-The sentence is a function of the finding alone (its where, what and evidence), so
-a diagnosis read back from a record, anywhere, advises the same.
+The sentence is a function of the finding alone (its where, node, what and
+evidence), so a diagnosis read back from a record, anywhere, advises the same. What
+depends on the optimizer the run used is read from the evidence (``optimizer``,
+which ``diagnose`` takes from the run's ``graph`` fact); a run that did not say is
+advised in terms that hold for any.
 """
 
 from __future__ import annotations
@@ -13,9 +16,11 @@ from typing import Any
 __all__ = ["advice"]
 
 
-def advice(where: str, what: str, evidence: dict[str, Any]) -> str:
-    """The advice for ``what`` found at ``where`` with ``evidence``."""
-    node = where.split(".", 1)[0]
+def advice(where: str, what: str, evidence: dict[str, Any], *, node: str | None = None) -> str:
+    """The advice for ``what`` found at ``where`` (inside ``node``; without it, the
+    where up to its first dot) with ``evidence``."""
+    if node is None:
+        node = where.split(".", 1)[0]
     if where == "loss":
         return _for_the_loss(what, evidence)
     return _FOR_A_PLACE[what](where, node, evidence)
@@ -77,13 +82,46 @@ def _not_updating(where: str, node: str, evidence: dict[str, Any]) -> str:
 
 
 def _update_too_large(where: str, node: str, evidence: dict[str, Any]) -> str:
+    optimizer = evidence.get("optimizer")
+    kind = _kind(optimizer)
     if "growth" in str(evidence.get("measure", "")):
-        return (f"{where}'s weights multiply in size step after step, as Adam's do with a "
-                f"learning rate far too high: lower the learning rate of the param group "
-                f"holding {node} ten to a hundred times (or, if it started with weights far "
-                f"below the usual scale, initialise it at that scale).")
+        if kind == "adaptive":
+            why = (f"as {optimizer}'s do with a learning rate far too high (it moves every "
+                   "weight by about the learning rate, whatever the weight's size)")
+        elif kind == "plain":
+            why = f"as {optimizer}'s do when the learning rate times the gradient outgrows them"
+        else:
+            why = "as they do under a learning rate far too high"
+        return (f"{where}'s weights multiply in size step after step, {why}: lower the "
+                f"learning rate of the param group holding {node} ten to a hundred times "
+                f"(or, if it started with weights far below the usual scale, initialise it "
+                f"at that scale).")
+    if kind == "plain":
+        more = (f"; with {optimizer} a step is the learning rate times the gradient, so "
+                "clipping gradients (torch.nn.utils.clip_grad_norm_) bounds it too")
+    elif kind == "adaptive":
+        more = (f"; {optimizer} moves each weight by about the learning rate, so a learning "
+                "rate near the weights' own size is the cause")
+    else:
+        more = ""
     return (f"Each step moves {where}'s weights by a large share of their size: lower the "
-            f"learning rate of the param group holding {node}.")
+            f"learning rate of the param group holding {node}{more}.")
+
+
+# Optimizers whose step is scaled per weight by its gradients' history, so that a step
+# is about the learning rate whatever the gradient (Kingma & Ba, 2015), and those whose
+# step is the learning rate times the gradient (with momentum, a sum of such).
+_ADAPTIVE = ("Adam", "AdamW", "NAdam", "RAdam", "Adamax", "Adagrad", "Adadelta", "RMSprop",
+             "SparseAdam", "Adafactor", "Lion")
+_PLAIN = ("SGD", "ASGD")
+
+
+def _kind(optimizer: Any) -> str | None:
+    if optimizer in _ADAPTIVE:
+        return "adaptive"
+    if optimizer in _PLAIN:
+        return "plain"
+    return None
 
 
 _FOR_A_PLACE = {"nonfinite": _nonfinite, "dying": _dying, "dead_channels": _dead_channels,

@@ -10,6 +10,11 @@ the slope that scatter implies. So "meaningfully" always means "against this los
 own noise": two standard errors. A finding starts at the first window where its
 rule holds and covers the windows that follow while it keeps holding.
 
+A plateau is judged with what the run did after it: a flat stretch that the loss then
+leaves, falling clearly below it (by ``plateau`` of its level, beyond two standard
+errors of where the run ends), is a slow start, not a plateau, and is no finding. One
+that lasts to the end of the run, or that the loss leaves only to come back to, is.
+
 The losses are judged as the positive numbers cross entropy and squared error are:
 a window holding a loss of 0 or below is not judged. Nothing after the first NaN or
 Inf (in the loss, or counted anywhere by the Audit) is judged either; the first
@@ -84,9 +89,12 @@ def loss_findings(losses: list[Any], limits: dict[str, float], broken: int | Non
                if all(v > 0 for _, v in judged[i:i + width])]
     for what, reading in (("plateau", _plateau), ("diverging", _diverging),
                           ("oscillating", _oscillating)):
-        finding = _held(what, windows, lambda w, r=reading: r(w, start, limits), make)
-        if finding is not None:
-            found.append(finding)
+        stretches = _stretches(windows, lambda w, r=reading: r(w, start, limits))
+        if what == "plateau":  # judged by what came after each flat stretch
+            stretches = [held for held in stretches
+                         if not _left(held, windows, limits["plateau"])]
+        if stretches:
+            found.append(_finding(what, stretches[0], make))
     return found
 
 
@@ -130,18 +138,37 @@ def _oscillating(w: _Window, start: float, limits: dict[str, float]) -> tuple[fl
     return None
 
 
-def _held(what: str, windows: Iterable[_Window], reading: Any, make: Any) -> Any:
-    """A finding at the first window ``reading`` holds in, covering the ones after it
-    while it goes on holding; None if it never does."""
+def _stretches(windows: Iterable[_Window], reading: Any) -> list[list[tuple[_Window, float, dict]]]:
+    """Each run of consecutive windows that ``reading`` holds in, in order."""
+    out: list[list[tuple[_Window, float, dict]]] = []
     held: list[tuple[_Window, float, dict]] = []
     for window in windows:
         said = reading(window)
         if said is not None:
             held.append((window, *said))
         elif held:
-            break
-    if not held:
-        return None
+            out.append(held)
+            held = []
+    if held:
+        out.append(held)
+    return out
+
+
+def _left(held: list[tuple[_Window, float, dict]], windows: list[_Window], share: float) -> bool:
+    """Whether the run left a flat stretch for good: it ends before the run's last
+    window, and the run's last window sits below the stretch's level by more than
+    ``share`` of it, beyond two standard errors of its own level. A run that falls and
+    then climbs back up to the level has not left it."""
+    end = held[-1][0]
+    if end is windows[-1]:
+        return False  # it lasts to the end
+    level = min(w.level for w, _, _ in held)
+    final = windows[-1]
+    return final.level + _ERRORS * final.mean_error < (1 - share) * level
+
+
+def _finding(what: str, held: list[tuple[_Window, float, dict]], make: Any) -> Any:
+    """The finding for one stretch of windows a rule held in."""
     first, last = held[0][0], held[-1][0]
     values = [value for _, value, _ in held]
     rule = held[0][2]

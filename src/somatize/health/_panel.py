@@ -13,7 +13,7 @@ import math
 from typing import Any
 
 from ._loss import LOSS
-from ._read import history_of, judged_facts
+from ._read import history_of, judged_facts, places_of
 from ._rules import Finding, findings_of
 
 __all__ = ["panel", "section"]
@@ -42,14 +42,14 @@ def panel(store: Any, run: str, findings: list[Finding] | None = None, **thresho
     facts = judged_facts(store, run)
     if findings is None:
         findings = findings_of(facts, **thresholds)
-    return _figure(run, _with_loss(facts), findings)
+    return _figure(run, _with_loss(facts), findings, places_of(facts))
 
 
 def _with_loss(facts: list[dict[str, Any]]) -> dict[str, dict[str, list]]:
     """The history, and the loss as one more where with one measure (step n's loss is
     the n-th), drawn on its own row."""
     history = history_of(facts)
-    losses = [fact.get("value") for fact in facts if fact["fact"] == "loss"]
+    losses = [fact.get("value") for fact in facts if fact["fact"] == "loss"]  # never a graph
     series = [(at, v) for at, v in enumerate(losses, 1)
               if isinstance(v, (int, float)) and not isinstance(v, bool)]
     if series:
@@ -57,33 +57,48 @@ def _with_loss(facts: list[dict[str, Any]]) -> dict[str, dict[str, list]]:
     return history
 
 
-def _figure(run: str, history: dict[str, dict[str, list]], findings: list[Finding]) -> Any:
+def _figure(run: str, history: dict[str, dict[str, list]], findings: list[Finding],
+            places: dict[str, tuple[str, str]] | None = None) -> Any:
     from plotly.subplots import make_subplots
 
+    places = places or {}
     rows = [row for row in (_LOSS_ROW, *_ROWS)
             if any(row[0] in measures for measures in history.values())] or list(_ROWS[:1])
     figure = make_subplots(rows=len(rows), cols=1, shared_xaxes=True, vertical_spacing=0.06,
                            subplot_titles=[title for _, title, _, _ in rows])
-    floors = {measure: _floor(history, measure) for measure, _, log, _ in rows if log}
+    scales = {measure: _log_scale(history, measure) for measure, _, log, _ in rows if log}
     for at, where in enumerate(history):
         colour = _COLOURS[at % len(_COLOURS)]
+        inside = places.get(where, (where, ""))[1] != ""  # a module inside a node: dotted
         for row, (measure, _, log, _) in enumerate(rows, 1):
             series = history[where].get(measure, [])
             if not series:
                 continue
+            scale = scales.get(measure)
             figure.add_scatter(
                 x=[step for step, _ in series],
-                y=[_drawable(v, floors.get(measure)) for _, v in series],
+                y=[_drawable(v, scale is not None) for _, v in series],
                 customdata=[_shown(v) for _, v in series], mode="lines",
                 name=where, legendgroup=where, showlegend=row == 1 or not any(
                     history[where].get(m) for m, *_ in rows[:row - 1]),
-                line={"color": colour, "width": 1.5 if "." not in where else 1,
-                      "dash": "solid" if "." not in where else "dot"},
+                line={"color": colour, "width": 1 if inside else 1.5,
+                      "dash": "dot" if inside else "solid"},
                 hovertemplate=f"{html.escape(where)}<br>step %{{x}}<br>{measure} %{{customdata}}"
                               "<extra></extra>", row=row, col=1)
-    for row, (_, _, log, _) in enumerate(rows, 1):  # shares are drawn on their whole range
-        figure.update_yaxes(type="log" if log else "linear", range=None if log else [-0.02, 1.02],
-                            row=row, col=1)
+            zeros = [step for step, v in series if _is_zero(v)]
+            if scale is not None and scale[0] is not None and zeros:
+                _zeros_on_the_axis(figure, zeros, where, measure, colour, scale[0], row)
+    for row, (measure, _, log, _) in enumerate(rows, 1):  # shares are drawn on their whole range
+        scale = scales.get(measure)
+        if not log:
+            figure.update_yaxes(type="linear", range=[-0.02, 1.02], row=row, col=1)
+        elif scale[0] is None:  # nothing above 0 to put on a log axis: drawn as it is
+            figure.update_yaxes(type="linear", row=row, col=1)
+        else:
+            low, high = scale
+            # A decade a label when the axis spans a few: its minor labels would crowd it.
+            figure.update_yaxes(type="log", range=[low, high], row=row, col=1,
+                                dtick=1 if high - low >= 2 else None)
     _mark(figure, rows, findings)
     figure.update_xaxes(title_text="step", row=len(rows), col=1)
     figure.update_layout(
@@ -94,20 +109,49 @@ def _figure(run: str, history: dict[str, dict[str, list]], findings: list[Findin
     return figure
 
 
-def _floor(history: dict[str, dict[str, list]], measure: str) -> float:
-    """Where a log axis draws a zero: a decade under the smallest value above it, so a
-    layer whose gradient or update is exactly zero is still a line to point at."""
+def _log_scale(history: dict[str, dict[str, list]], measure: str) -> tuple[float | None, float]:
+    """The log axis's range (in decades) over every value above 0, a little beyond
+    them, so that the axis's lower edge is below every one: that is where a zero is
+    marked, as a zero. ``(None, 0)`` when nothing is above 0."""
     positive = [v for measures in history.values() for _, v in measures.get(measure, [])
                 if isinstance(v, (int, float)) and math.isfinite(v) and v > 0]
-    return min(positive) / 10 if positive else 1e-12
+    if not positive:
+        return None, 0.0
+    low, high = math.log10(min(positive)), math.log10(max(positive))
+    pad = max(0.15, (high - low) * 0.06)
+    return low - pad, high + pad
 
 
-def _drawable(value: Any, floor: float | None) -> float | None:
-    """A value an axis can show: non-finite ones are gaps, and on a log axis (with a
-    ``floor``) zeros are drawn on the floor."""
+def _zeros_on_the_axis(figure: Any, steps: list[int], where: str, measure: str, colour: str,
+                       low: float, row: int) -> None:
+    """Values of exactly 0 on a log axis, which has no 0: a marker on the axis's lower
+    edge at each such step, said to be 0 — never a line drawn down to an invented floor,
+    which a reader would take for a real value."""
+    figure.add_scatter(
+        x=steps, y=[10 ** low] * len(steps), mode="markers", name=f"{where}: exactly 0",
+        legendgroup=where, showlegend=False, cliponaxis=False,
+        marker={"symbol": "triangle-up", "size": 7, "color": colour,
+                "line": {"width": 0.5, "color": "white"}},
+        hovertemplate=f"{html.escape(where)}<br>step %{{x}}<br>{measure} exactly 0"
+                      "<extra>0: on the axis</extra>", row=row, col=1)
+    axis = figure.get_subplot(row, 1).yaxis.plotly_name.replace("yaxis", "y")
+    said = "▲ on the axis: exactly 0"
+    if not any(a.text == said and a.yref == f"{axis} domain" for a in figure.layout.annotations):
+        figure.add_annotation(text=said, xref="paper", x=1, xanchor="right", yref=f"{axis} domain",
+                              y=0.02, yanchor="bottom", showarrow=False,
+                              font={"size": 10, "color": "#5b6272"})
+
+
+def _is_zero(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0
+
+
+def _drawable(value: Any, log: bool) -> float | None:
+    """A value an axis can show: non-finite ones are gaps, and so, on a log axis, is
+    a zero (marked on the axis instead) or a negative."""
     if not isinstance(value, (int, float)) or not math.isfinite(value):
         return None
-    return max(value, floor) if floor is not None else value
+    return None if log and value <= 0 else value
 
 
 def _shown(value: Any) -> str:
@@ -138,7 +182,7 @@ def section(store: Any, run: str) -> tuple[str, str] | None:
         return ("Health", ("<p class='note'>This run has no <code>health</code> facts: a "
                            "Trainer says them with <code>auditing=True</code>.</p>"))
     findings = findings_of(facts)
-    figure = _figure(run, _with_loss(facts), findings)
+    figure = _figure(run, _with_loss(facts), findings, places_of(facts))
     body = figure.to_html(full_html=False, include_plotlyjs=False, div_id="somatize-health",
                           config={"displaylogo": False})
     return ("Health", table_html(findings) + body)

@@ -6,6 +6,7 @@ A run is listed with one scan of names; a record is opened only if it may hold
 which do not), or a loss its meta does not hold. What a record held is kept by its digest, so the findings, the
 history and the panel of one report open each record once, a run that grew opens
 only its new records, and a record bound again is read again — never served stale.
+A record that cannot be read is left out, as ``somatize.record.damaged`` tells.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from collections import OrderedDict
 from typing import Any
 
 from .._errors import RecordError
-from ..record._read import listed, read
+from ..record._read import listed, readable
 
-__all__ = ["health_facts", "history", "history_of", "judged_facts", "seen"]
+__all__ = ["health_facts", "history", "history_of", "judged_facts", "optimizer_of", "places_of",
+           "seen"]
 
 _KEPT = 50_000  # records whose health facts are kept, the least recently read going first
 _kept: OrderedDict[str, tuple[dict[str, Any], ...]] = OrderedDict()
@@ -38,11 +40,15 @@ def health_facts(store: Any, run: str) -> list[dict[str, Any]]:
 
 def judged_facts(store: Any, run: str) -> list[dict[str, Any]]:
     """What the rules read: every ``health`` fact and every ``loss`` fact of a run, in
-    the order they were said. A forward that said no health and summarised its loss
-    is read from its meta alone (its last loss, which is a Trainer's only one)."""
+    the order they were said, and what its ``graph`` fact said of the graph's node ids
+    and the optimizer (``{"fact": "graph", "nodes": [...], "optimizer": "SGD"}``), so
+    that a where is placed in the node it belongs to and advice fits the optimizer. A
+    forward that said no health and summarised its loss is read from its meta alone
+    (its last loss, which is a Trainer's only one)."""
     found: list[dict[str, Any]] = []
-    for _, bound in listed(store, run):
-        if "health" in bound.meta and bound.meta["health"] is None and "loss" in bound.meta:
+    for at, (_, bound) in enumerate(listed(store, run)):
+        if at > 0 and "health" in bound.meta and bound.meta["health"] is None \
+                and "loss" in bound.meta:  # the first is read whole: it says the graph
             if bound.meta["loss"] is not None:
                 found.append({"fact": "loss", "value": bound.meta["loss"]})
             continue
@@ -60,14 +66,82 @@ def _of_record(store: Any, bound: Any) -> tuple[dict[str, Any], ...]:
         if kept is not None:
             _kept.move_to_end(key)
             return kept
-    kept = tuple(fact for fact in read(store, bound)["facts"] if type(fact) is dict and (
-        (fact.get("fact") == "health" and isinstance(fact.get("where"), str)
-         and type(fact.get("step")) is int) or fact.get("fact") == "loss"))
+    record = readable(store, bound)
+    if record is None:
+        return ()  # not kept: damage is noted by the record's reader, and may be mended
+    kept = tuple(_graph_said(fact) if fact.get("fact") == "graph" else fact
+                 for fact in record["facts"] if type(fact) is dict and (
+                     (fact.get("fact") == "health" and isinstance(fact.get("where"), str)
+                      and type(fact.get("step")) is int) or fact.get("fact") in ("loss", "graph")))
     with _lock:
         _kept[key] = kept
         while len(_kept) > _KEPT:
             _kept.popitem(last=False)
     return kept
+
+
+def _graph_said(fact: dict[str, Any]) -> dict[str, Any]:
+    """What the rules need of a ``graph`` fact: the node ids, and the optimizer's name."""
+    graph = fact.get("graph")
+    nodes = graph.get("nodes") if type(graph) is dict else None
+    optimizer = fact.get("optimizer")
+    return {"fact": "graph",
+            "nodes": [n for n in nodes if type(n) is str] if type(nodes) is list else [],
+            "optimizer": optimizer if type(optimizer) is str else None}
+
+
+def places_of(facts: list[dict[str, Any]]) -> dict[str, tuple[str, str]]:
+    """``{where: (node, path)}`` for every where the health facts name: the node a where
+    is measured in, and the path of the submodule inside it ('' for the node itself).
+
+    A where is ``node`` or ``node.path``, and a node id may hold dots itself (``enc.v2``),
+    so the where is not split at its first dot: it is matched against the node ids the
+    run's ``graph`` fact names (the longest that it starts with), or, in a run that
+    described no graph, against the other wheres (the Audit measures a node itself
+    whenever it measures a module inside it)."""
+    nodes: set[str] = set()
+    wheres: dict[str, None] = {}
+    for fact in facts:
+        if type(fact) is not dict:
+            continue
+        if fact.get("fact") == "graph":  # as a Trainer says it, or as judged_facts keeps it
+            said = (_graph_said(fact) if "graph" in fact else fact).get("nodes")
+            nodes.update(n for n in (said if type(said) is list else ()) if type(n) is str)
+        elif fact.get("fact") == "health" and isinstance(fact.get("where"), str):
+            wheres[fact["where"]] = None
+    if nodes:
+        return {where: _in_graph(where, nodes) for where in wheres}
+    return {where: _among(where, set(wheres)) for where in wheres}
+
+
+def _in_graph(where: str, nodes: set[str]) -> tuple[str, str]:
+    """The node id ``where`` is, or the longest it starts with (then a dot, then the path)."""
+    if where in nodes:
+        return where, ""
+    cut = len(where)
+    while (cut := where.rfind(".", 0, cut)) > 0:
+        if where[:cut] in nodes:
+            return where[:cut], where[cut + 1:]
+    return where, ""
+
+
+def _among(where: str, wheres: set[str]) -> tuple[str, str]:
+    """Without the graph: the shortest other where this one starts with (then a dot) is
+    the node it is inside; with none, it is a node itself."""
+    cut = 0
+    while (cut := where.find(".", cut + 1)) > 0:
+        if where[:cut] in wheres:
+            return where[:cut], where[cut + 1:]
+    return where, ""
+
+
+def optimizer_of(facts: list[dict[str, Any]]) -> str | None:
+    """The optimizer's class name the run's ``graph`` fact says (None if it says none)."""
+    for fact in facts:
+        if type(fact) is dict and fact.get("fact") == "graph" \
+                and type(fact.get("optimizer")) is str and fact["optimizer"]:
+            return fact["optimizer"]
+    return None
 
 
 def _measures(fact: dict[str, Any]) -> dict[str, Any]:

@@ -12,7 +12,8 @@ from typing import Any
 
 from .._described import rebuilt
 from ..record import _report as recorded
-from ..record import facts
+from .._errors import SomaError
+from ..record._read import listed, readable
 from ._panel import section
 from ._rules import diagnose, overlay
 
@@ -27,15 +28,27 @@ def drawing(graph: Any = None, inside: Any = None) -> Callable[[Any, str], Secti
     ``inside`` (``architecture``'s answer) opening its boxes. Nothing for a run that
     neither was given nor described a graph."""
     def drawn_section(store: Any, run: str) -> Section | None:
-        drawn = graph
+        drawn = graph if graph is not None else described(store, run)
         if drawn is None:
-            said = [f for f in facts(store, run, 0) if f.get("fact") == "graph"]
-            if not said:
-                return None
-            drawn = rebuilt(said[-1]["graph"])
+            return None
         flags = overlay(diagnose(store, run)) or None
         return ("The graph", drawn.figure(overlay=flags, inside=inside))
     return drawn_section
+
+
+def described(store: Any, run: str) -> Any:
+    """The graph a run's Trainer described in its first forward's ``graph`` fact, rebuilt
+    to be drawn; None when it described none, or what it said is not a graph (a record
+    may hold anything)."""
+    first = readable(store, listed(store, run)[0][1])
+    said = [f for f in (first or {}).get("facts", []) if type(f) is dict and f.get("fact") == "graph"
+            and type(f.get("graph")) is dict]
+    if not said:
+        return None
+    try:
+        return rebuilt(said[-1]["graph"])
+    except (SomaError, ValueError):  # undescribed() checks it whole, and says it is not
+        return None  # not what describe() writes: the section is left out, as for none
 
 
 def report(store: Any, run: str, path: Any, *, graph: Any = None, inside: Any = None) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 
 from ._advice import advice
 from ._loss import LOSS, loss_findings
-from ._read import history_of, judged_facts
+from ._read import history_of, judged_facts, optimizer_of, places_of
 
 __all__ = ["DEFAULTS", "KINDS", "Finding", "diagnose", "findings_of", "overlay"]
 
@@ -40,13 +40,27 @@ class Finding:
     ``"loss"`` for the run's own symptoms), what (one of ``KINDS``), since which
     step, the numbers that made it say so (``evidence``: plain data — the measure,
     the threshold, how many steps it held, the median and the worst) and ``advice``:
-    one sentence on what to do about it there."""
+    one sentence on what to do about it there.
+
+    ``node`` and ``path`` are the where kept apart: the node id and the path of the
+    submodule inside it ('' for the node itself; ``node`` is None for the loss). A
+    node id may hold dots (``enc.v2``), so a where is never split to find them:
+    ``diagnose`` places each against the graph the run described. A Finding made by
+    hand without them is placed at its where's first dot."""
 
     where: str
     what: str
     since: int
     evidence: dict[str, Any] = field(default_factory=dict, compare=True, hash=False)
     advice: str = ""
+    node: str | None = None
+    path: str = ""
+
+    def __post_init__(self) -> None:
+        if self.node is None and self.where != LOSS and isinstance(self.where, str):
+            node, _, path = self.where.partition(".")
+            object.__setattr__(self, "node", node)
+            object.__setattr__(self, "path", path)
 
     def __str__(self) -> str:
         text = f"{self.where}: {self.what} since step {self.since} ({brief(self.evidence)})"
@@ -83,7 +97,10 @@ def diagnose(store: Any, run: str, **thresholds: float) -> list[Finding]:
     Inf, and once any where has counted one, the steps from there on are left to it:
     after a NaN every other number is noise. The run-level rules read the loss over
     ``loss_window`` steps against its own noise (a line fitted to the window, and two
-    standard errors of its slope), and say ``where="loss"``.
+    standard errors of its slope), and say ``where="loss"``. Each finding keeps its
+    where apart as ``node`` and ``path``, placed against the node ids of the run's
+    ``graph`` fact (a node id may hold dots), and advice that depends on the optimizer
+    fits the one that fact names (``evidence["optimizer"]``).
 
     Two published defaults fire on clean runs (ReLU nets sit at 40–80% zeros, an SGD
     run's last layer moves by 20–30% of its size a step early on); those were raised
@@ -102,7 +119,7 @@ def diagnose(store: Any, run: str, **thresholds: float) -> list[Finding]:
     | ``not_updating`` | 1e-6 | ``update_ratio`` (‖Δw‖/‖w‖ of a step) is below this. CS231n's notes put a healthy ratio near 1e-3 and call lower a learning rate that may be too low; clean runs here dip to 1e-4 (SGD at its start), so the rule is kept for a layer that moves a million times slower than its size — one left out of the optimizer, or in a group at lr=0 |
     | ``update_too_large`` | 0.5 | ``update_ratio`` is above this: CS231n's 1e-3 scale, less strict by far, since Adam at 1e-3 reaches 1e-2 and a clean SGD run's last layer held 0.2 for ten steps here |
     | ``weight_growth`` | 0.07 | (said as ``update_too_large``) over a ``window`` of measured steps, ``weight_norm`` grew by more than this a step on average (from the norm the window's first update found, ``update_norm / update_ratio``), at a where other than the loss end. Adam moves every weight by about its learning rate whatever the weight's size (Kingma & Ba, 2015), so with a learning rate 100× too high the steps pile up and the weights multiply in size within ten steps, while ``update_ratio``, measured against the weights it has just inflated, soon looks ordinary. The loss end is left out: a last layer has to grow to the targets' scale. Clean runs here grow by at most 0.04 a step away from the loss end, Adam at 100× its learning rate by 0.09 to 0.13 (0.07 doubles the weights in ten steps). Weights initialised far too small grow as fast, and are found too |
-    | ``plateau`` | 0.1 | over a loss window, the most the loss can have fallen (the fitted line's fall plus two standard errors) is under this share of its level, while the loss is still above ``converged`` of where it began. DeepDiagnosis' "loss not decreasing" (a loss that has not moved over 5 epochs) and AUTOTRAINER's slow convergence (under δ = 0.01 of accuracy gained per epoch), measured here against the loss's own noise, so a slow but steady fall is not one, nor is a noisy loss whose fall cannot be told: runs on shuffled labels, or at a learning rate 1000× too small, move by under 0.05 of their level, clean runs by at least 0.2 |
+    | ``plateau`` | 0.1 | over a loss window, the most the loss can have fallen (the fitted line's fall plus two standard errors) is under this share of its level, while the loss is still above ``converged`` of where it began. DeepDiagnosis' "loss not decreasing" (a loss that has not moved over 5 epochs) and AUTOTRAINER's slow convergence (under δ = 0.01 of accuracy gained per epoch), measured here against the loss's own noise, so a slow but steady fall is not one, nor is a noisy loss whose fall cannot be told: runs on shuffled labels, or at a learning rate 1000× too small, move by under 0.05 of their level, clean runs by at least 0.2. Judged with what came after: a flat stretch the loss then leaves for good, ending the run more than this share below it, is a slow start and no finding (a GRU at Adam 1e-3 sits near ln 2 for 60 steps, then learns) |
     | ``converged`` | 0.5 | (part of ``plateau``) a loss under this share of where it began has learnt: a flat stretch after it is convergence, not a plateau |
     | ``diverging`` | 0.25 | the loss climbs: over a loss window it rises (the fitted rise less two standard errors) by at least this share of its level, or the window sits at least this share above where the run began. AUTOTRAINER calls a loss past 1e5 exploded; a finite climb is caught long before that. Clean runs here never rise by more than 0.01; SGD at 100× its learning rate sits 1.8 to 9 above its start |
     | ``oscillating`` | 0.5 | in a loss window with no trend (a slope within two standard errors of flat), the swings around it are at least this share of the loss's scale (its level, or where it began when that was higher): AUTOTRAINER's unstable loss (swings of ζ = 0.03 accuracy between neighbouring peaks and troughs in η = 0.2 of the epochs), for per-step losses, whose batches swing far more than per-epoch accuracy, so measured against the scale the loss started at: clean runs here stay under 0.25, SGD at 100× its learning rate swings by 0.7 to 5 |
@@ -119,24 +136,36 @@ def findings_of(facts: list[dict[str, Any]], **thresholds: float) -> list[Findin
     limits = thresholds_from(thresholds)
     window = int(limits["window"])
     history = history_of(facts)
-    ends = _ends(facts)
+    places = places_of(facts)
+    optimizer = optimizer_of(facts)
+    ends = _ends(facts, places)
     broken = _first_nonfinite(history)
     found: list[tuple[int, int, int, Finding]] = []
     order = {where: at for at, where in enumerate(history)}
     for where, measures in history.items():
-        for finding in _found(where, measures, history, ends, limits, window, broken):
+        make = _maker(where, *places.get(where, (where, "")), optimizer)
+        for finding in _found(make, where, measures, history, ends, limits, window, broken):
             found.append((finding.since, order[where], KINDS.index(finding.what), finding))
     losses = [fact.get("value") for fact in facts
               if type(fact) is dict and fact.get("fact") == "loss"]
-    for finding in loss_findings(losses, limits, broken, _maker(LOSS)):
+    for finding in loss_findings(losses, limits, broken, _maker(LOSS, None, "", optimizer)):
         found.append((finding.since, len(order), KINDS.index(finding.what), finding))
     return [finding for *_, finding in sorted(found, key=lambda item: item[:3])]
 
 
-def _maker(where: str) -> Callable[[str, int, dict[str, Any]], Finding]:
+def _maker(where: str, node: str | None, path: str, optimizer: str | None
+           ) -> Callable[[str, int, dict[str, Any]], Finding]:
+    """Builds a where's findings; the optimizer the run used joins the evidence of the
+    findings whose advice depends on it, so the advice is still the finding's alone."""
     def make(what: str, since: int, evidence: dict[str, Any]) -> Finding:
-        return Finding(where, what, since, evidence, advice(where, what, evidence))
+        if optimizer is not None and what in _BY_OPTIMIZER:
+            evidence = {**evidence, "optimizer": optimizer}
+        return Finding(where, what, since, evidence,
+                       advice(where, what, evidence, node=node), node, path)
     return make
+
+
+_BY_OPTIMIZER = ("update_too_large", "not_updating")
 
 
 def thresholds_from(given: dict[str, Any]) -> dict[str, float]:
@@ -164,13 +193,13 @@ def _first_nonfinite(history: dict[str, dict[str, list[tuple[int, Any]]]]) -> in
     return min(steps) if steps else None
 
 
-def _found(where: str, measures: dict[str, list[tuple[int, Any]]],
+def _found(make: Callable[..., Finding], where: str, measures: dict[str, list[tuple[int, Any]]],
            history: dict[str, dict[str, list[tuple[int, Any]]]], ends: dict[int, str],
            limits: dict[str, float], window: int, broken: int | None) -> Iterable[Finding]:
-    make = _maker(where)
     for step, count in measures.get("nonfinite", []):
         if isinstance(count, (int, float)) and count > 0:
-            yield make("nonfinite", step, {"measure": "values", "count": int(count)})
+            yield make("nonfinite", step, {"measure": "values",
+                                           "count": int(min(count, _MOST_COUNTED))})
             break
 
     def before(series: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
@@ -211,6 +240,8 @@ def _found(where: str, measures: dict[str, list[tuple[int, Any]]],
             if finding is not None:
                 yield finding
 
+
+_MOST_COUNTED = 2**63 - 1  # a record may say a count of inf, which no int is
 
 _HOLDS: dict[str, Callable[[float, float], bool]] = {
     ">=": lambda v, t: v >= t, ">": lambda v, t: v > t, "<": lambda v, t: v < t}
@@ -266,12 +297,19 @@ def _dead_share(measures: dict[str, list[tuple[int, Any]]]) -> list[tuple[int, f
     for step, dead in measures.get("dead_channels", []):
         of = channels.get(step)
         if isinstance(dead, dict) and isinstance(of, dict):
-            shares = [dead[g] / of[g] for g in dead if isinstance(of.get(g), int) and of[g] > 0]
+            shares = [dead[g] / of[g] for g in dead if _number(dead[g]) and _number(of.get(g))
+                      and of[g] > 0]
             if shares:
                 out.append((step, max(shares)))
-        elif isinstance(dead, (int, float)) and isinstance(of, (int, float)) and of > 0:
+        elif _number(dead) and _number(of) and of > 0:
             out.append((step, dead / of))
     return out
+
+
+def _number(value: Any) -> bool:
+    """A finite number, as a measure should be (a record may hold anything there)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and math.isfinite(value)
 
 
 def _norms(measures: dict[str, list[tuple[int, Any]]], broken: int | None
@@ -299,7 +337,13 @@ def _growing(make: Callable[..., Finding], norms: list[tuple[int, float]], thres
     rates = []
     for at in range(len(norms) - window):
         (first, before), (last, after) = norms[at], norms[at + window]
-        rates.append((norms[at + 1][0], (after / before) ** (1 / (last - first)) - 1, last))
+        if last <= first:  # steps said out of order, or twice: no rate a step to read
+            continue
+        try:
+            rate = (after / before) ** (1 / (last - first)) - 1
+        except OverflowError:
+            rate = math.inf
+        rates.append((norms[at + 1][0], rate, last))
     held = []
     for since, rate, last in rates:
         if rate > threshold:
@@ -315,14 +359,15 @@ def _growing(make: Callable[..., Finding], norms: list[tuple[int, float]], thres
         "worst": max(values)})
 
 
-def _ends(facts: list[dict[str, Any]]) -> dict[int, str]:
-    """Per step, the where the loss enters: the last node (a where without a dot) with a
-    gradient among that step's facts. The Audit says a step's facts in the graph's
-    topological order, so that node is a leaf of the graph."""
+def _ends(facts: list[dict[str, Any]], places: dict[str, tuple[str, str]]) -> dict[int, str]:
+    """Per step, the where the loss enters: the last node (a where that is a node
+    itself, not a path inside one) with a gradient among that step's facts. The Audit
+    says a step's facts in the graph's topological order, so that node is a leaf of
+    the graph."""
     ends: dict[int, str] = {}
     for fact in facts:
         if type(fact) is dict and fact.get("fact") == "health" and "grad_norm" in fact \
-                and "." not in fact["where"]:
+                and places.get(fact["where"], ("", ""))[1] == "":
             ends[fact["step"]] = fact["where"]
     return ends
 
@@ -341,17 +386,18 @@ def _relative(measures: dict[str, list[tuple[int, Any]]],
 
 
 def overlay(findings: Iterable[Finding]) -> dict[str, list[str]]:
-    """``{node: [what, ...]}`` for ``Graph.figure(overlay=...)``: a finding on
-    ``body.net.0`` colours the node ``body``. Each what once per node, in order; the
-    run's own findings (``where="loss"``) belong to no node and colour none."""
+    """``{node: [what, ...]}`` for ``Graph.figure(overlay=...)``: a finding colours its
+    ``node`` (one on ``body.net.0``, a path inside ``body``, colours ``body``). Each
+    what once per node, in order; the run's own findings (``where="loss"``) belong to
+    no node and colour none."""
     out: dict[str, list[str]] = {}
     for finding in findings:
         if not isinstance(finding, Finding):
             raise TypeError(f"overlay() takes what diagnose() answers (Findings), not a "
                             f"{type(finding).__qualname__}")
-        if finding.where == LOSS:
+        if finding.node is None:
             continue
-        said_here = out.setdefault(finding.where.split(".", 1)[0], [])
+        said_here = out.setdefault(finding.node, [])
         if finding.what not in said_here:
             said_here.append(finding.what)
     return out

@@ -14,10 +14,10 @@ def findings_told(run: str, facts: list[dict[str, Any]], thresholds: dict[str, f
     """The findings of ``facts`` (``judged_facts``) at these thresholds: a head saying
     what was judged, then a table with the advice under each finding."""
     health = [fact for fact in facts if fact["fact"] == "health"]
-    losses = len(facts) - len(health)
+    losses = sum(fact["fact"] == "loss" for fact in facts)
     not_audited = ("it was not audited (train it with Trainer(..., auditing=True) and a "
                    "Recorder)")
-    if not facts:
+    if not health and not losses:
         return [f"run {run} has no health facts: {not_audited}"]
     if health:
         head = (f"run {run}: {len({f['step'] for f in health})} measured steps of "

@@ -8,6 +8,10 @@ something is drawn). ``Live`` shows a run while it happens. ``export_tensorboard
 and ``export_mlflow`` copy a run into those trackers, and ``to_tensorboard`` and
 ``to_mlflow`` stream one there as it trains (each with its tracker's own library,
 imported only when asked for: the ``trackers`` extra).
+
+A store is written by many hands: the readers of a whole run (``nodes``, ``curve``,
+the figures, the report) read past a record they cannot read and say which they left
+out and why; only ``facts``, asked for one forward, refuses a damaged one, naming it.
 """
 
 from __future__ import annotations

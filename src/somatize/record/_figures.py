@@ -68,17 +68,43 @@ def curve_figure(xs: Sequence[int], values: Sequence[float], *, name: str = "los
     finite = [v for v in values if math.isfinite(v)]
     # Losses spread over decades read better on a log axis.
     log = bool(finite) and min(finite) > 0 and max(finite) / min(finite) >= 100
+    flat = _flat(finite)
     fig.update_layout(
         title={"text": title, "x": 0.01, "xanchor": "left"}, template="plotly_white", font=FONT,
         height=420, margin={"l": 70, "r": 30, "t": 70, "b": 55}, hovermode="x",
         legend={"orientation": "h", "x": 1, "xanchor": "right", "y": 1.02, "yanchor": "bottom"},
         xaxis={"title": "forward", "rangemode": "tozero"},
-        yaxis={"title": name + (" (log scale)" if log else ""), "type": "log" if log else "linear"},
+        yaxis={"title": name + (" (log scale)" if log else ""), "type": "log" if log else "linear",
+               **({"range": list(flat), "tickformat": ".4~g"} if flat else {}),
+               **({"dtick": 1} if log else {})},  # a label a decade: minor ones crowd it
     )
+    if flat:
+        level = (flat[0] + flat[1]) / 2
+        fig.add_annotation(text=f"flat: every value within {FLAT:g} of its size of {level:.6g}",
+                           showarrow=False, xref="paper", yref="paper", x=0.01, y=0.98,
+                           xanchor="left", yanchor="top", font={"size": 12, "color": "#5b6272"})
     if not values:
         fig.add_annotation(text=f"no {name!r} facts to draw yet", showarrow=False,
                            xref="paper", yref="paper", x=0.5, y=0.5, font={"size": 16})
     return fig
+
+
+FLAT = 1e-5  # a curve whose values all lie within this share of their size is drawn flat
+
+
+def _flat(finite: list[float]) -> tuple[float, float] | None:
+    """The y range to draw a curve on when it does not move: its level with room either
+    side; None when it moves. Left to itself, plotly zooms into float noise (1e-8 of a
+    loss of 0.69), where no tick label fits and a smoothed line zigzags as if the loss
+    moved."""
+    if len(finite) < 2:
+        return None
+    low, high = min(finite), max(finite)
+    size = max(abs(low), abs(high))
+    if high - low > FLAT * size:
+        return None
+    pad = size * 0.05 if size > 0 else 1.0
+    return low - pad, high + pad
 
 
 def progress(store: Any, run: str, *, fact: str = "loss", smoothing: float = 0.9) -> Any:
@@ -116,9 +142,15 @@ def _bytes(count: int) -> str:
 
 
 def spent(store: Any, run: str) -> Any:
-    """A plotly figure of where a run's time went: each node's total as a bar, largest
-    on top, coloured by host; below, the time and bytes sent to and received from each
-    host when the run crossed a wire."""
+    """A plotly figure of where a run's time went: per node, largest on top, its time
+    forward, backward (a trainer walking back through it) and in the run's first
+    forward (its warm-up), each apart, and coloured by host; below, the time and bytes
+    sent to and received from each host when the run crossed a wire.
+
+    The title compares like with like: the forwards' end-to-end time with the nodes'
+    forward time (here, and on workers), both after the first forward; the backward
+    and the warm-up are said on their own, since no end to end of a forward holds them.
+    """
     summed = tally(store, run)
     graph_objects = go()
     from plotly.subplots import make_subplots
@@ -127,38 +159,67 @@ def spent(store: Any, run: str) -> Any:
     rows = 2 if summed.hops else 1
     heights = [max(1, len(ranked)), max(1, len(summed.hops)) + 1] if rows == 2 else [1]
     fig = make_subplots(rows=rows, cols=1, row_heights=heights, vertical_spacing=0.16,
-                        subplot_titles=["time in each node (ms, summed over the run)"]
+                        subplot_titles=[_NODES_TITLE]
                         + (["time on the wire, by host (ms)"] if rows == 2 else []))
     _node_bars(fig, graph_objects, ranked)
     if summed.hops:
         _hop_bars(fig, graph_objects, summed)
     bars = len(ranked) + (2 * len(summed.hops) + 2 if summed.hops else 0)
     fig.update_layout(
-        title={"text": _spent_title(run, summed), "x": 0.01, "xanchor": "left"},
+        # The title's lines from the top down, clear of the nodes' own title below them.
+        title={"text": _spent_title(run, summed), "x": 0.01, "xanchor": "left",
+               "yref": "container", "y": 1, "yanchor": "top", "pad": {"t": 16}},
         template="plotly_white", font=FONT, barmode="group", bargap=0.25,
-        height=max(320, 160 + 34 * bars), margin={"l": 140, "r": 40, "t": 90, "b": 50},
+        height=max(360, 210 + 34 * bars), margin={"l": 140, "r": 40, "t": 140, "b": 50},
         legend={"orientation": "h", "x": 1, "xanchor": "right", "y": 1.0, "yanchor": "bottom"},
     )
     fig.update_xaxes(rangemode="tozero", row=1, col=1)
-    fig.update_annotations(selector={"text": "time in each node (ms, summed over the run)"},
-                           x=0, xanchor="left")
+    fig.update_annotations(selector={"text": _NODES_TITLE}, x=0, xanchor="left")
     if not ranked:
         fig.add_annotation(text="no node ran in this run", showarrow=False, xref="paper",
                            yref="paper", x=0.5, y=0.5, font={"size": 16})
     return fig
 
 
+_NODES_TITLE = "time in each node (ms, summed over the run)"
+
+
 def _spent_title(run: str, summed: Tally) -> str:
-    node_us = sum(entry["total_us"] for entry in summed.nodes.values())
+    entries = summed.nodes.values()
+    here = sum(e["forward_us"] for e in entries if e["host"] is None)
+    away = sum(e["forward_us"] for e in entries if e["host"] is not None)
+    backward = sum(e["backward_us"] for e in entries)
+    first = sum(e["first_us"] for e in entries)
     wire_us = sum(h["sent_us"] + h["received_us"] for h in summed.hops.values())
-    said = [f"{summed.forwards} forwards", f"{_ms(summed.took_us)} end to end"]
+    later = summed.took_us - summed.first_took_us
+    head = [f"{summed.forwards} forwards"]
+    if summed.failed:
+        head.append(f"{summed.failed} failed")
+    if summed.damaged:
+        head.append(f"{len(summed.damaged)} damaged, left out")
+    lines = [f"<b>{run}</b> — where the time went ({', '.join(head)})"]
     if summed.took_us:
-        said.append(f"nodes {_ms(node_us)}")
+        said = [f"forwards end to end {_ms(later)}" + (" after the first" if summed.forwards > 1
+                                                       else ""),
+                f"in the nodes forward {_ms(here)} here" + (f", {_ms(away)} on workers"
+                                                            if away else "")]
         if wire_us:
             said.append(f"wire {_ms(wire_us)}")
-    if summed.failed:
-        said.append(f"{summed.failed} failed")
-    return f"<b>{run}</b> — where the time went ({', '.join(said)})"
+        lines.append(" · ".join(said))
+    apart = []
+    if backward:
+        apart.append(f"backward {_ms(backward)} (after the forwards, so not in their end to end)")
+    if summed.first_took_us or first:
+        apart.append(f"first forward {_ms(summed.first_took_us)} end to end, "
+                     f"{_ms(first)} in its nodes (warm-up)")
+    if apart:
+        lines.append(" · ".join(apart))
+    return "<br>".join(lines[:1] + [f"<span style='font-size:12px'>{line}</span>"
+                                    for line in lines[1:]])
+
+
+_PARTS = (("forward_us", "forward", ""), ("backward_us", "backward", "/"),
+          ("first_us", "first forward (warm-up)", "."))
 
 
 def _node_bars(fig: Any, graph_objects: Any, ranked: list[tuple[str, dict[str, Any]]]) -> None:
@@ -171,21 +232,36 @@ def _node_bars(fig: Any, graph_objects: Any, ranked: list[tuple[str, dict[str, A
     for node, entry in ranked:
         by_host.setdefault(entry["host"], []).append((node, entry))
     order = [node for node, _ in ranked][::-1]  # largest at the top
-    for host, group in by_host.items():
-        fig.add_trace(graph_objects.Bar(
-            orientation="h", y=[n for n, _ in group], x=[e["total_us"] / 1000 for _, e in group],
-            name="here" if host is None else f"on {host}", marker_color=colours[host],
-            offsetgroup="nodes",  # one slot per node whatever its host
-            text=[f"{_ms(e['total_us'])} · {e['ran']}× · {_ms(e['mean_us'])} each"
-                  for _, e in group],
-            textposition="auto", cliponaxis=False,
-            customdata=[[e["ran"], e["recalled"], e["kept"], e["unneeded"], e["failed"],
-                         e["mean_us"] / 1000, host or "here"] for _, e in group],
-            hovertemplate=("<b>%{y}</b> (%{customdata[6]})<br>total %{x:.4g} ms<br>"
-                           "ran %{customdata[0]}×, mean %{customdata[5]:.4g} ms<br>"
-                           "recalled %{customdata[1]}×, kept %{customdata[2]}×<br>"
-                           "unneeded %{customdata[3]}×, failed %{customdata[4]}×<extra></extra>"),
-        ), row=1, col=1)
+    # Each node's parts end to end, one after the other: drawn from where the one
+    # before ended (base), in one slot per node, since the wire's bars below are grouped.
+    bases = {node: {} for node, _ in ranked}
+    for node, entry in ranked:
+        at = 0.0
+        for key, _, _ in _PARTS:
+            bases[node][key] = at
+            at += entry[key] / 1000
+    for key, part, pattern in _PARTS:
+        for host, group in by_host.items():
+            shown = [(n, e) for n, e in group if e[key]]
+            if not shown:
+                continue
+            where = "here" if host is None else f"on {host}"
+            fig.add_trace(graph_objects.Bar(
+                orientation="h", y=[n for n, _ in shown], x=[e[key] / 1000 for _, e in shown],
+                base=[bases[n][key] for n, _ in shown], offsetgroup="nodes",
+                name=f"{part} · {where}", marker_color=colours[host],
+                marker_pattern_shape=pattern, marker_opacity=0.55 if key == "first_us" else 1,
+                text=[f"{_ms(e[key])}" + (f" · {e['ran']}× · {_ms(e['mean_us'])} each"
+                                          if key == "forward_us" else "") for _, e in shown],
+                textposition="inside", insidetextanchor="middle",
+                customdata=[[e["ran"], e["recalled"], e["kept"], e["unneeded"], e["failed"],
+                             e["mean_us"] / 1000, where, part] for _, e in shown],
+                hovertemplate=("<b>%{y}</b> (%{customdata[6]}): %{customdata[7]} "
+                               "%{x:.4g} ms<br>ran %{customdata[0]}×, mean %{customdata[5]:.4g} "
+                               "ms<br>recalled %{customdata[1]}×, kept %{customdata[2]}×<br>"
+                               "unneeded %{customdata[3]}×, failed %{customdata[4]}×"
+                               "<extra></extra>"),
+            ), row=1, col=1)
     fig.update_yaxes(categoryorder="array", categoryarray=order, row=1, col=1)
 
 

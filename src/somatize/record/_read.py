@@ -4,6 +4,11 @@ Listing a run is one scan of names (``store.bound``), which also hands over each
 binding's meta; that is where a summarised fact is read from, so a curve over ten
 thousand forwards opens no record at all. Everything per node opens every record
 of the run, once.
+
+A store is written by many hands, so a reader of a whole run never falls over one
+record it cannot read: it reads the rest, and ``damaged`` says which records it left
+out and why. Only a reader of one named forward (``facts``) refuses a damaged one,
+saying why, since that forward is all it was asked for.
 """
 
 from __future__ import annotations
@@ -11,16 +16,17 @@ from __future__ import annotations
 import json
 import math
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._errors import CorruptRecord, RecordError
+from .._errors import CorruptObject, CorruptRecord, RecordError
 from .._version import __version__
 from ..store import Bound
-from ._recorder import EACH, FORMAT, check_run, flush_pending, forward_name
+from ._recorder import EACH, FORMAT, PER_OBJECT, check_run, flush_pending, forward_name
 
-__all__ = ["Run", "Tally", "curve", "facts", "forwards", "forwards_of", "nodes", "run_of",
-           "runs", "tally"]
+__all__ = ["Run", "Tally", "curve", "damaged", "damaged_reason", "facts", "forwards",
+           "forwards_of", "nodes", "readable", "run_of", "runs", "tally"]
 
 
 @dataclass(frozen=True)
@@ -39,10 +45,14 @@ def forwards_of(bound: Any, index: int) -> list[tuple[int, Any]]:
     record of one forward; for a batch, one Bound a forward, named as that forward
     would be and with that forward's summary as its meta."""
     each = bound.meta.get(EACH) if type(bound.meta) is dict else None
-    if type(each) is int and each > 0:  # a batch of a run that summarises nothing
+    # A count is what the meta claims, not what the record holds: one past what a Recorder
+    # writes in a batch is not a Recorder's, and is not believed (10**12 would be a
+    # list of 10**12 Bounds); the binding is then the one forward it is named after.
+    if type(each) is int and 0 < each <= PER_OBJECT:  # a batch of a run summarising nothing
         each = [{}] * each
-    elif type(each) is not list:
-        return [(index, bound)]
+    elif type(each) is not list or not 0 < len(each) <= PER_OBJECT:
+        return [(index, bound if type(bound.meta) is dict else
+                 Bound(bound.name, bound.digest, {}, bound.when))]
     stem = bound.name[:bound.name.rfind("/") + 1]
     return [(index + at, Bound(f"{stem}{index + at}", bound.digest,
                                summary if type(summary) is dict else {}, bound.when))
@@ -67,8 +77,10 @@ def _run(name: str, listed: list[tuple[int, Any]]) -> Run:
         for key, value in bound.meta.items():
             if value is not None:
                 summary[key] = value
-    whens = [bound.when for _, bound in listed]
-    return Run(name, len(listed), min(whens), max(whens), summary)
+    whens = [bound.when for _, bound in listed
+             if isinstance(bound.when, (int, float)) and math.isfinite(bound.when)]
+    return Run(name, len(listed), min(whens, default=math.nan), max(whens, default=math.nan),
+               summary)
 
 
 def runs(store: Any) -> list[Run]:
@@ -177,6 +189,50 @@ def _parsed(store: Any, bound: Any) -> dict[str, Any]:
 
 _lock = threading.Lock()
 _recent: dict[str, dict[str, Any]] = {}  # digest -> record: a digest names the bytes for good
+# (store, name, digest) -> why that record could not be read. Kept by digest too, so a
+# name bound again to a good record is no longer said to be damaged.
+_damage: OrderedDict[tuple[str, str, str], str] = OrderedDict()
+_DAMAGE_KEPT = 10_000
+
+
+def readable(store: Any, bound: Any) -> dict[str, Any] | None:
+    """One forward's record as ``read`` answers it, or None for one that cannot be read
+    (not JSON, not a record, lost, of bytes that are not theirs): then ``damaged`` says
+    why. A store that cannot be reached at all still raises: that is not one record."""
+    try:
+        return read(store, bound)
+    except (RecordError, CorruptObject) as exc:
+        _note(store, bound, str(exc))
+        return None
+
+
+def _note(store: Any, bound: Any, why: str) -> None:
+    with _lock:
+        _damage[(_where(store), bound.name, bound.digest)] = why
+        while len(_damage) > _DAMAGE_KEPT:
+            _damage.popitem(last=False)
+
+
+def damaged_reason(store: Any, bound: Any) -> str:
+    """Why ``readable`` answered None for ``bound``."""
+    with _lock:
+        return _damage.get((_where(store), bound.name, bound.digest), "it could not be read")
+
+
+def damaged(store: Any, run: str) -> dict[str, str]:
+    """``{record name: why}`` for the records of a run that a reader found it could not
+    read and left out (only those read so far: a curve read from names opens none)."""
+    where = _where(store)
+    with _lock:
+        if not _damage:
+            return {}
+        said = {(name, digest): why for (at, name, digest), why in _damage.items() if at == where}
+    out = {}
+    for _, bound in listed(store, run):
+        why = said.get((bound.name, bound.digest))
+        if why is not None:
+            out[bound.name] = why
+    return out
 
 
 def facts(store: Any, run: str, forward: int) -> list[dict[str, Any]]:
@@ -211,7 +267,9 @@ class Tally:
     hops: dict[str, dict[str, int]] = field(default_factory=dict)
     forwards: int = 0
     took_us: int = 0  # all forwards, end to end
+    first_took_us: int = 0  # the first of them, end to end: its warm-up is in it
     failed: int = 0  # forwards that raised
+    damaged: dict[str, str] = field(default_factory=dict)  # records left out: name -> why
 
 
 _NODE_COUNTS = ("ran", "recalled", "kept", "unneeded", "failed")
@@ -221,7 +279,8 @@ def _node(tally: Tally, node: str) -> dict[str, Any]:
     entry = tally.nodes.get(node)
     if entry is None:
         entry = tally.nodes[node] = {**dict.fromkeys(_NODE_COUNTS, 0), "items": 0,
-                                     "total_us": 0, "mean_us": 0.0, "host": None}
+                                     "total_us": 0, "mean_us": 0.0, "host": None,
+                                     "forward_us": 0, "backward_us": 0, "first_us": 0}
     return entry
 
 
@@ -233,17 +292,23 @@ def _hop(tally: Tally, host: str) -> dict[str, int]:
     return entry
 
 
-def _count(tally: Tally, fact: dict[str, Any]) -> None:
+def _count(tally: Tally, fact: dict[str, Any], first: bool) -> None:
+    """Sums one fact in; ``first``: it is of the run's first forward, whose time (its
+    warm-up: allocations, compilation, caches filled) is kept apart from the rest."""
     kind = fact.get("fact")
     if kind == "ran" and fact.get("backward") and isinstance(fact.get("node"), str):
         entry = _node(tally, fact["node"])  # a trainer walked back through it: learning
         entry["learned"] = entry.get("learned", 0) + 1
-        entry["total_us"] += _int(fact.get("took_us"))
+        took = _int(fact.get("took_us"))
+        entry["total_us"] += took
+        entry["first_us" if first else "backward_us"] += took
     elif kind in _NODE_COUNTS and isinstance(fact.get("node"), str):
         entry = _node(tally, fact["node"])
         entry[kind] += 1
         if kind == "ran":
-            entry["total_us"] += _int(fact.get("took_us"))
+            took = _int(fact.get("took_us"))
+            entry["total_us"] += took
+            entry["first_us" if first else "forward_us"] += took
             entry["items"] += _int(fact.get("items"))
             if fact.get("host") is not None:
                 entry["host"] = fact["host"]
@@ -253,7 +318,10 @@ def _count(tally: Tally, fact: dict[str, Any]) -> None:
         entry[f"{kind}_bytes"] += _int(fact.get("bytes"))
         entry[f"{kind}_us"] += _int(fact.get("took_us"))
     elif kind == "finished":
-        tally.took_us += _int(fact.get("took_us"))
+        took = _int(fact.get("took_us"))
+        tally.took_us += took
+        if first:
+            tally.first_took_us += took
         tally.failed += bool(fact.get("failed"))
 
 
@@ -273,10 +341,16 @@ _HUGE = 2**63
 def tally(store: Any, run: str) -> Tally:
     """Every record of a run read once and summed."""
     out = Tally()
-    for _, bound in listed(store, run):
-        for fact in read(store, bound)["facts"]:
+    found = listed(store, run)
+    for forward, bound in found:
+        record = readable(store, bound)
+        if record is None:
+            out.damaged[bound.name] = damaged_reason(store, bound)
+            continue
+        first = forward == found[0][0]
+        for fact in record["facts"]:
             if type(fact) is dict:
-                _count(out, fact)
+                _count(out, fact, first)
         out.forwards += 1
     for entry in out.nodes.values():
         entry["mean_us"] = entry["total_us"] / entry["ran"] if entry["ran"] else 0.0
@@ -287,8 +361,9 @@ def nodes(store: Any, run: str) -> dict[str, dict[str, Any]]:
     """Per node, in the order first seen: how often it ``ran``, was ``recalled``,
     ``kept``, ``unneeded`` or ``failed``; the ``items`` a mapped node was handed;
     ``total_us`` spent running (and, for a node trained where it runs, learning: how
-    often is ``learned``) and ``mean_us`` per time it ran; the ``host`` it ran on
-    (None for here)."""
+    often is ``learned``) and ``mean_us`` per time it ran; that total apart, as
+    ``forward_us`` and ``backward_us`` after the run's first forward, and ``first_us``
+    in it (its warm-up); the ``host`` it ran on (None for here)."""
     return tally(store, run).nodes
 
 
@@ -296,7 +371,8 @@ def points(store: Any, run: str, fact: str = "loss", field: str = "value") -> li
     """``(forward, value)`` for each forward that said ``fact``, its last one, in order.
 
     A forward whose binding summarised the fact is read from its meta (None there
-    means the forward never said it); only the others are opened.
+    means the forward never said it); only the others are opened. A record that cannot
+    be read, or whose value is not a number, is left out (``damaged`` says why).
     """
     if type(fact) is not str or type(field) is not str:
         raise TypeError("fact and field are names (str), e.g. curve(store, run, 'loss')")
@@ -309,9 +385,17 @@ def points(store: Any, run: str, fact: str = "loss", field: str = "value") -> li
             elif field != "value":
                 value = None
         else:
-            value = _last(read(store, bound)["facts"], fact, field)
-        if value is not None:
-            out.append((forward, _number(value, bound.name, fact, field)))
+            record = readable(store, bound)
+            value = None if record is None else _last(record["facts"], fact, field)
+        if value is None:
+            continue
+        number = _number(value)
+        if number is None:
+            _note(store, bound, f"record {bound.name} in {_where(store)}: the {fact!r} fact's "
+                                f"{field!r} is {_short(value)}, not a number; that forward is "
+                                "left out of the curve")
+        else:
+            out.append((forward, number))
     return out
 
 
@@ -322,13 +406,18 @@ def _last(said: list[Any], fact: str, field: str) -> Any:
     return None
 
 
-def _number(value: Any, where: str, fact: str, field: str) -> float:
+def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise RecordError(f"{where}: the {fact!r} fact's {field!r} is {value!r}, not a number")
+        return None
     try:
         return float(value)
-    except ValueError:
-        raise RecordError(f"{where}: the {fact!r} fact's {field!r} is {value!r}, not a number") from None
+    except (ValueError, OverflowError):  # a str that is no number; an int past a float
+        return None
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def curve(store: Any, run: str, fact: str = "loss", *, field: str = "value") -> list[float]:

@@ -19,7 +19,7 @@ from .._version import __version__
 from ._read import curve, run_of
 from ._recorder import check_run
 
-__all__ = ["SECTIONS", "Section", "progress_section", "report", "spent_section"]
+__all__ = ["SECTIONS", "Section", "answered", "progress_section", "report", "spent_section"]
 
 Section = tuple[str, Any]
 
@@ -55,7 +55,10 @@ footer { color: #999; font-size: 12px; margin-top: 32px; }
 
 
 def _when(seconds: float) -> str:
-    moment = datetime.datetime.fromtimestamp(seconds, datetime.UTC)
+    try:
+        moment = datetime.datetime.fromtimestamp(seconds, datetime.UTC)
+    except (OverflowError, ValueError, OSError):  # a binding may say any time
+        return f"{seconds} s"
     return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
@@ -68,9 +71,40 @@ def _heading(store: Any, run: str) -> str:
     return " · ".join(html.escape(part) for part in said)
 
 
+def _damage(store: Any, run: str) -> str:
+    """A note naming the records the sections left out, and why; '' when none was."""
+    from ._read import damaged
+
+    found = damaged(store, run)
+    if not found:
+        return ""
+    items = "".join(f"<li><code>{html.escape(name)}</code>: {html.escape(why)}</li>"
+                    for name, why in list(found.items())[:20])
+    more = f"<li>and {len(found) - 20} more</li>" if len(found) > 20 else ""
+    return (f"<section class='damaged'><h2>Damaged records</h2><p class='note'>{len(found)} "
+            f"record{'s' if len(found) != 1 else ''} of this run could not be read; what is "
+            f"drawn above is the rest.</p><ul>{items}{more}</ul></section>")
+
+
+def answered(section: Callable[[Any, str], Section | None], store: Any, run: str) -> Section | None:
+    """What ``section`` answers, or, if what the store holds stops it (a record it
+    cannot read, a fact of no shape it knows), a note saying so in its place: one
+    section that cannot be drawn must not take the others down with it."""
+    from .._errors import SomaError
+
+    try:
+        return section(store, run)
+    except SomaError as exc:  # a bug of somatize's (any other error) is not hidden here
+        name = getattr(section, "__name__", "a section")
+        return (name.replace("_section", "").replace("_", " ").capitalize(),
+                f"<p class='note'>This section could not be drawn from what the store holds "
+                f"({html.escape(type(exc).__name__)}: {html.escape(str(exc)[:300])}).</p>")
+
+
 def _body(part: Any, at: int) -> str:
     if isinstance(part, str):
         return part
+    part.update_layout(modebar={"orientation": "v"})  # upright at the edge, off the title
     return part.to_html(full_html=False, include_plotlyjs=False, div_id=f"somatize-{at}",
                         config={"displaylogo": False})
 
@@ -89,7 +123,7 @@ def report(store: Any, run: str, path: Any, *, sections: list[Callable[[Any, str
     listed(store, check_run(run))  # refuses an unknown run, naming the known ones
     parts = []
     for at, section in enumerate(SECTIONS if sections is None else sections):
-        answer = section(store, run)
+        answer = answered(section, store, run)
         if answer is not None:
             heading, body = answer
             parts.append(f"<section><h2>{html.escape(heading)}</h2>{_body(body, at)}</section>")
@@ -98,7 +132,7 @@ def report(store: Any, run: str, path: Any, *, sections: list[Callable[[Any, str
         f"<title>somatize — {html.escape(run)}</title><style>{_STYLE}</style>"
         f"<script type='text/javascript'>{get_plotlyjs()}</script></head><body>"
         f"<h1>Run {html.escape(run)}</h1><p class='facts'>{_heading(store, run)}</p>"
-        + "".join(parts)
+        + "".join(parts) + _damage(store, run)
         + f"<footer>written by somatize {__version__} on {_when(_now())}</footer></body></html>\n"
     )
     target = os.fspath(path)

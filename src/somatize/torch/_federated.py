@@ -223,6 +223,7 @@ class _Round:
     """The names one round is kept under."""
 
     def __init__(self, run: str, round: int):
+        self.run, self.round = run, round
         self.base = f"fed/{run}/{round}"
         self.average = f"{self.base}/average"
 
@@ -270,7 +271,7 @@ class _Turns:
 def gather(store: Store, what: Mapping[str, Mapping[str, Any]], *, run: str, round: int,
            clients: int, mine: int, size: float | None = None, within: float = 600.0,
            asking: float = 1.0, lease: float | None = None,
-           secret: str | bytes | None = None) -> Export:
+           secret: str | bytes | None = None, nonfinite: str = "refuse") -> Export:
     """Keeps this client's export for the round, waits for the other clients', and
     answers the round's average, which every client gets bit for bit the same.
 
@@ -292,14 +293,26 @@ def gather(store: Store, what: Mapping[str, Mapping[str, Any]], *, run: str, rou
     and makes it refuse, with a ``StoreError`` naming the name, any part or average
     that is not signed with it: a writer of the store who lacks the secret cannot
     choose what the round answers.
+
+    A part holding a NaN or an infinity would make every weight it touches NaN in the
+    average every client gets, so ``nonfinite="refuse"`` (the default) refuses it with a
+    ``ValueError`` naming the client, node and key: this client's own before it is
+    kept (the others then wait for a part that never comes, and time out naming it),
+    and another's before anything is averaged. ``nonfinite="warn"`` warns the same and
+    averages it all the same.
     """
     lease = _checked(store, what, run, round, clients, mine, size, within, asking, lease)
+    if nonfinite not in ("refuse", "warn"):
+        raise ValueError(f"nonfinite={nonfinite!r} is refused: it is 'refuse' (a part "
+                         "holding NaN or inf is refused) or 'warn' (it is averaged, with a "
+                         "warning)")
     key = None if secret is None else _key(_secret(secret), run)
     names = _Round(run, round)
     deadline = time.monotonic() + within
     answer = _answer(store, names, key)
     if answer is not None:
         return answer
+    _finite(what, mine, run, round, nonfinite)  # before it is kept, where it would count
     written = dumps(what)  # first: what has no codec is refused before anything is put
     who = f"{socket.gethostname()}/{os.getpid()}"
     me = (store.put(who.encode()), {"client": mine, "by": who})
@@ -316,7 +329,7 @@ def gather(store: Store, what: Mapping[str, Mapping[str, Any]], *, run: str, rou
         if len(seen) == clients:
             sizes = _agreed(seen, clients, run, round)
             if turns.take(store, names, lease, me):
-                return _average(store, names, seen, sizes, who, turns.turn, key)
+                return _average(store, names, seen, sizes, who, turns.turn, key, nonfinite)
         left = deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError(_late(store, names, run, round, clients, seen, turns, within))
@@ -424,13 +437,15 @@ def _agreed(seen: dict[int, Bound], clients: int, run: str, round: int) -> list[
 
 
 def _average(store: Store, names: _Round, seen: dict[int, Bound], sizes: list[float] | None,
-             who: str, turn: int, key: bytes | None) -> Export:
+             who: str, turn: int, key: bytes | None, nonfinite: str) -> Export:
     """Averages the round, one part in memory at a time, and writes it unless somebody
     already has; answers what was written first."""
 
     def parts() -> Iterator[Any]:
         for k in range(len(seen)):
-            yield _value(store, seen[k])
+            part = _value(store, seen[k])
+            _finite(part, k, names.run, names.round, nonfinite)
+            yield part
 
     average = fedavg(parts(), sizes)
     digest = store.put(dumps(average))
@@ -438,6 +453,27 @@ def _average(store: Store, names: _Round, seen: dict[int, Bound], sizes: list[fl
     if store.claim(names.average, digest, _signed(key, names.average, digest, meta)):
         return average
     return _answer(store, names, key)  # a predecessor woke up and finished first
+
+
+def _finite(export: Mapping[str, Mapping[str, Any]], client: int, run: str, round: int,
+            nonfinite: str) -> None:
+    """Refuses (or, with ``nonfinite="warn"``, warns about) a part holding NaN or inf,
+    naming the client and where in its export the first one is."""
+    for node, weights in export.items():
+        for key, value in weights.items():
+            if _averaged(value) and not bool(torch.isfinite(value).all()):
+                bad = int((~torch.isfinite(value)).sum())
+                said = (f"round {round} of run {run!r}: client {client}'s part holds {bad} NaN "
+                        f"or inf value{'s' if bad != 1 else ''} in node {node!r}, key {key!r}")
+                if nonfinite == "warn":
+                    warnings.warn(f"{said}; it is averaged in as asked (nonfinite='warn'), so "
+                                  "the average is NaN there", UserWarning, stacklevel=4)
+                    return
+                raise ValueError(
+                    f"{said}, which would make that weight NaN in every client's average: it "
+                    "is refused. Mend that client's training (a lower learning rate, gradient "
+                    "clipping) and run the round again, or pass nonfinite='warn' to average "
+                    "it anyway")
 
 
 def _late(store: Store, names: _Round, run: str, round: int, clients: int,

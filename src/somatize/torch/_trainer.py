@@ -164,7 +164,10 @@ class Trainer:
         pieces = _pieces(batch, self._micro)
         if not self._described and self._watchers:
             self._described = True  # said once, before the first forward: it lands in it
-            self._emit({"fact": "graph", "graph": describe(self._graph.data())})
+            # Which optimizer, so that advice read from the record fits the one used.
+            self._emit({"fact": "graph", "graph": describe(self._graph.data()),
+                        "optimizer": type(self._optimizer).__qualname__
+                        if self._optimizer is not None else None})
         if self._audit is not None and self._audit.begin(self._graph):
             if self._staged is not None:  # hooks back on after close(): look again
                 self._staged.changed()

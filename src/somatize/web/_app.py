@@ -190,8 +190,10 @@ class _Site:
         after, shown, drawn_shown, quiet = -1, None, None, 0.0
         while True:
             state = await run_sync(self.board.state, run, after)
-            if state is not None and state["version"] != shown:
-                shown, quiet = state["version"], 0.0
+            # Sent again when the run stops being recorded too, though nothing else moved:
+            # a page must not go on saying "recording" about a run that ended.
+            if state is not None and (state["version"], state["live"]) != shown:
+                shown, quiet = (state["version"], state["live"]), 0.0
                 if state["points"]:
                     after = state["points"][-1][0]
                 yield _event("state", _json(state))

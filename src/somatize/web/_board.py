@@ -18,7 +18,9 @@ import threading
 import time
 from typing import Any
 
+from .._errors import CorruptObject, RecordError
 from ..record import facts
+from ..record._read import damaged
 from ._follow import Following
 from ._seen import Losses, Shape
 
@@ -27,7 +29,9 @@ __all__ = ["Board"]
 DRAW_EVERY = 2.0  # seconds between two drawings of one run's sections, at least
 DRAW_SHARE = 5  # ...and at least this many times what the last drawing took
 DIAGNOSE_FOR = 0.3  # seconds a look at the list of runs may spend judging runs
-LIVE_FOR = 30.0  # a run whose last forward is younger than this is shown as recording
+LIVE_FOR = 10.0  # a run whose last forward is younger than this is shown as recording...
+LIVE_AT_LEAST = 5.0  # ...or, once its pace is known, than this or STILL_AFTER bindings' time
+STILL_AFTER = 10  # bindings' time without one after which a run is said to have stopped
 RATE_OVER = 20  # forwards the rate is measured over
 
 
@@ -60,7 +64,7 @@ def _last_loss(said: list[Any]) -> Any:
 class _Row:
     """One run in the list: its shape, its last loss, and its findings."""
 
-    __slots__ = ("findings", "judged", "loss", "shape", "version")
+    __slots__ = ("damaged", "findings", "judged", "loss", "shape", "version")
 
     def __init__(self, run: str) -> None:
         self.version = -1
@@ -68,6 +72,7 @@ class _Row:
         self.loss: Any = None
         self.findings: list[dict[str, Any]] | None = None
         self.judged = -1  # the version the findings are of
+        self.damaged: list[str] = []  # why records of it could not be read, as far as read
 
 
 class _Drawn:
@@ -110,14 +115,21 @@ class Board:
                 loss = row.shape.run_now().summary.get("loss")
                 # Not summarised: the last record says it, and only that one is opened.
                 row.loss = loss if isinstance(loss, (int, float)) else \
-                    _last_loss(facts(self.following, name, -1))
+                    _last_loss(_said(self.following, name, -1))
             rows.append((name, row, row.shape.run_now()))
-        rows.sort(key=lambda seen: (seen[2].first, seen[0]), reverse=True)
+        rows.sort(key=lambda seen: (_sortable(seen[2].first), seen[0]), reverse=True)
         self._judge([(name, row) for name, row, _ in rows])
         now = time.time()
         return [{"name": name, "forwards": run.forwards, "first": run.first, "last": run.last,
-                 "ago": max(0.0, now - run.last), "live": now - run.last < LIVE_FOR,
-                 "loss": _as_shown(row.loss), "findings": row.findings} for name, row, run in rows]
+                 "ago": _ago(now, run.last),
+                 "live": _live(now, run.last, row.shape.pace(RATE_OVER)),
+                 "loss": _as_shown(row.loss), "findings": row.findings,
+                 "damaged": self._damage(name, row)} for name, row, run in rows]
+
+    def _damage(self, name: str, row: _Row) -> list[str]:
+        row.damaged = list(damaged(self.following, name).values())
+        return row.damaged[:5] + ([f"and {len(row.damaged) - 5} more"]
+                                  if len(row.damaged) > 5 else [])
 
     def _judge(self, rows: list[tuple[str, _Row]]) -> None:
         """Brings the findings of the newest runs up to date, for a moment at most (and
@@ -130,7 +142,7 @@ class Board:
                 continue
             version = row.version
             row.findings = [{"where": f.where, "what": f.what, "since": f.since}
-                            for f in diagnose(self.following, name)]
+                            for f in diagnose(self.following, name)]  # past damaged records
             row.judged = version
             if time.monotonic() > until:  # one run a look at least, however long it takes
                 break
@@ -147,12 +159,13 @@ class Board:
         row = self._row(run)
         version = row.shape.update(self.following)
         shape = row.shape.run_now()
+        rate = row.shape.rate(RATE_OVER)
         losses = self._losses_of(run)
         points = losses.after(after)
         now = time.time()
         return {"run": run, "version": version, "forwards": shape.forwards, "first": shape.first,
-                "last": shape.last, "ago": max(0.0, now - shape.last),
-                "live": now - shape.last < LIVE_FOR, "rate": row.shape.rate(RATE_OVER),
+                "last": shape.last, "ago": _ago(now, shape.last),
+                "live": _live(now, shape.last, row.shape.pace(RATE_OVER)), "rate": rate,
                 "loss": _as_shown(losses.last()), "points": [[i, finite(v)] for i, v in points]}
 
     def _losses_of(self, run: str) -> Losses:
@@ -187,6 +200,34 @@ class Board:
             finally:
                 drawn.lock.release()
         return drawn.version, drawn.text
+
+
+def _said(store: Any, run: str, forward: int) -> list[Any]:
+    """A forward's facts; none for one whose record cannot be read (the list of runs
+    says it is damaged, and lists the run all the same)."""
+    try:
+        return facts(store, run, forward)
+    except (RecordError, CorruptObject):
+        return []
+
+
+def _ago(now: float, last: float) -> float | None:
+    ago = now - last
+    return max(0.0, ago) if math.isfinite(ago) else None
+
+
+def _live(now: float, last: float, pace: float | None) -> bool:
+    """Whether a run is still being recorded, as far as its names tell: its last binding
+    is younger than ten times the run's own time between bindings (five seconds at
+    least; ``LIVE_FOR`` before it has a pace), so a run that ended is said to have
+    stopped within seconds, and a slow one is not, between two steps. A time that is
+    no number (NaN) is not live."""
+    within = LIVE_FOR if not pace else max(LIVE_AT_LEAST, STILL_AFTER * pace)
+    return bool(now - last < within)
+
+
+def _sortable(when: float) -> float:
+    return when if math.isfinite(when) else -math.inf
 
 
 def _figure(fig: Any) -> Any:
@@ -228,6 +269,12 @@ def draw(store: Any, run: str, *, losses: bool = True) -> list[dict[str, Any]]:
     else:
         out.append({"key": "graph", "title": graph[0], "figure": _figure(graph[1])})
     out.append({"key": "spent", "title": "Where the time went", "figure": _figure(spent(store, run))})
+    found = damaged(store, run)  # after every section has read what it needed
+    if found:
+        out.append({"key": "damaged", "title": "Damaged records", "note": (
+            f"{len(found)} record{'s' if len(found) != 1 else ''} of this run could not be "
+            "read; what is drawn is the rest: " + "; ".join(list(found.values())[:10])
+            + (f"; and {len(found) - 10} more" if len(found) > 10 else ""))})
     return out
 
 

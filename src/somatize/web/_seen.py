@@ -14,6 +14,7 @@ import math
 import threading
 from typing import Any
 
+from .._errors import CorruptObject, RecordError
 from ..record import Run, facts
 from ..record._read import forwards_of
 from ._follow import Following
@@ -88,6 +89,19 @@ class Shape(_Kept):
             return Run(self.run, len(self.indices), self.first, self.last,
                        {key: value for key, (_, value) in self.latest.items()})
 
+    def pace(self, over: int) -> float | None:
+        """Seconds between two of the run's bindings, the median over its last ``over``;
+        None before there are two. A Recorder binds a batch of the forwards that finished
+        every fraction of a second while a run goes, so a gap many times this long is a
+        run that stopped."""
+        with self.lock:
+            whens = sorted({self.whens[i] for i in self.indices[-over:]})
+        gaps = [b - a for a, b in zip(whens, whens[1:]) if b > a]
+        if not gaps:
+            return None
+        gaps.sort()
+        return gaps[len(gaps) // 2]
+
     def rate(self, over: int) -> float | None:
         """Forwards a second over the last ``over``, by when they were bound."""
         whens = sorted(self.whens[i] for i in self.indices[-over:])
@@ -134,7 +148,11 @@ def _loss(following: Following, run: str, index: int, bound: Any) -> float | Non
         value = value.get("value") if isinstance(value, dict) else value
     else:
         value = None
-        for fact in reversed(facts(following, run, index)):
+        try:
+            said = facts(following, run, index)
+        except (RecordError, CorruptObject):  # damaged: no loss for it, the rest still drawn
+            said = []
+        for fact in reversed(said):
             if type(fact) is dict and fact.get("fact") == "loss":
                 value = fact.get("value")
                 break

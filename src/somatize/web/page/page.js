@@ -20,11 +20,15 @@
     return node;
   }
 
+  // A store may say any time: one no Date can hold is shown as a dash, not thrown.
   function when(seconds) {
-    return new Date(seconds * 1000).toISOString().replace("T", " ").slice(0, 19) + " UTC";
+    const moment = new Date(seconds * 1000);
+    if (typeof seconds !== "number" || isNaN(moment.getTime())) return "—";
+    return moment.toISOString().replace("T", " ").slice(0, 19) + " UTC";
   }
 
   function ago(seconds) {
+    if (typeof seconds !== "number" || !isFinite(seconds)) return "—";
     if (seconds < 60) return Math.floor(seconds) + " s ago";
     if (seconds < 3600) return Math.floor(seconds / 60) + " min ago";
     if (seconds < 86400) return Math.floor(seconds / 3600) + " h ago";
@@ -88,10 +92,17 @@
       el("span", { class: "flag", title: `since step ${f.since}` }, `${f.what} · ${f.where}`)));
   }
 
+  function damage(reasons) {
+    if (!reasons || reasons.length === 0) return null;
+    return el("span", { class: "badge damaged", title: reasons.join("\n") },
+      `damaged: ${reasons.length === 1 ? "1 record" : reasons.length + " records"}`);
+  }
+
   function runRow(run) {
     const name = el("a", { class: "run-link", href: "/run/" + encodeURIComponent(run.name) }, run.name);
     return el("tr", { "data-run": run.name },
-      el("td", {}, name, " ", run.live ? el("span", { class: "badge live" }, "recording") : null),
+      el("td", {}, name, " ", run.live ? el("span", { class: "badge live" }, "recording") : null,
+        " ", damage(run.damaged)),
       el("td", { class: "number forwards" }, run.forwards),
       el("td", {}, when(run.first)),
       el("td", {}, ticker(run.ago)),
@@ -109,7 +120,7 @@
       el("div", { class: "cards" }, card("forwards", "forwards"), card("last loss", "loss"),
         card("forwards per second", "rate"), card("findings", "findings-count")),
       el("div", { id: "sections" }));
-    const curve = { points: [], drawn: false, lastX: -1, weight: 0.9, average: 0, seen: 0 };
+    const curve = { run, points: [], drawn: false, lastX: -1, weight: 0.9, average: 0, seen: 0 };
     listen("/events/run/" + encodeURIComponent(run), {
       state(state) { showState(state, status, facts, curve); },
       sections(drawn) { showSections(drawn.sections, curve); },
@@ -120,12 +131,37 @@
     document.getElementById("forwards").textContent = state.forwards;
     document.getElementById("loss").textContent = shown(state.loss);
     document.getElementById("rate").textContent = state.rate === null ? "—" : state.rate.toPrecision(3);
-    status.textContent = state.live ? "recording" : "not recording";
-    status.className = state.live ? "badge live" : "badge";
+    // Said again on every state, and the server sends one when the run stops too.
+    status.textContent = state.live ? "recording" : "stopped";
+    status.className = state.live ? "badge live" : "badge stopped";
+    status.title = state.live ? "forwards are still being bound"
+      : `no forward since ${when(state.last)}: the run has stopped, or paused`;
     ticking.length = 0;
     facts.replaceChildren(`started ${when(state.first)} · last forward `, ticker(state.ago));
-    curve.points.push(...state.points);
+    // A stream opened again (the server restarted) sends every point again: keep each once.
+    const known = curve.points.length ? curve.points[curve.points.length - 1][0] : -1;
+    curve.points.push(...state.points.filter(([x]) => x > known));
     extend(curve, state.points);
+    retitle(curve);
+  }
+
+  function escaped(text) {
+    return String(text).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+  }
+
+  // The progress figure's title counts the forwards and names the last and lowest loss:
+  // kept true as points arrive between two drawings, as the cards beside it are.
+  function retitle(curve) {
+    const div = document.getElementById("figure-progress");
+    if (!curve.drawn || !div || curve.points.length === 0) return;
+    const said = curve.points.filter(([, y]) => y !== null);
+    const last = curve.points[curve.points.length - 1][1];
+    let best = null;
+    for (const [x, y] of said) if (best === null || y < best[1]) best = [x, y];
+    const number = (v) => (v === null ? "nan" : Number(v).toPrecision(4).replace(/\.?0+(e|$)/, "$1"));
+    const text = `<b>${escaped(curve.run)}</b> — loss over ${curve.points.length} forwards ` +
+      `(last ${number(last)}` + (best ? `, lowest ${number(best[1])} at forward ${best[0]})` : ")");
+    if ((div.layout.title || {}).text !== text) Plotly.relayout(div, { "title.text": text });
   }
 
   // The progress figure comes with the sections; between two drawings the newest losses
@@ -174,6 +210,10 @@
   }
 
   function showSections(sections, curve) {
+    const sent = new Set(sections.map((part) => part.key));
+    for (const node of document.querySelectorAll("#sections > section")) {
+      node.hidden = !sent.has(node.id.slice("section-".length));  // one no longer sent
+    }
     for (const part of sections) {
       const node = section(part.key, part.title);
       const text = node.querySelector(".body");
@@ -185,11 +225,13 @@
       }
       if (part.note) text.append(el("p", { class: "note" }, part.note));
       if (part.figure) {
-        Plotly.react(figure, part.figure.data, part.figure.layout,
-          { displaylogo: false, responsive: true });
+        // The toolbar stands upright at the right edge, off the titles it covered.
+        const layout = Object.assign({}, part.figure.layout, { modebar: { orientation: "v" } });
+        Plotly.react(figure, part.figure.data, layout, { displaylogo: false, responsive: true });
         if (part.key === "progress") {
           restart(curve, part.figure);
           extend(curve, curve.points);
+          retitle(curve);
         }
       } else {
         if (figure.data) Plotly.purge(figure);
