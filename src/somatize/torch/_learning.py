@@ -44,6 +44,7 @@ __all__ = ["Enters", "Learning", "Split", "answers", "carries", "envelope", "gra
 KEY = "__soma_envelope__"
 HEALTH = "__soma_health__"  # beside an envelope: the health facts of the trainers it passed
 MOST_OWED = 256  # forwards a trainer keeps waiting for their gradient; a pipeline runs fewer
+RESERVED = "__soma_"  # how every key somatize itself puts in a value begins
 
 # What a trainer is told besides gradients: a reserved key, and who answers it.
 _ANSWERED: dict[str, Callable[[Learning, Any], Any]] = {}
@@ -52,12 +53,15 @@ _ANSWERED: dict[str, Callable[[Learning, Any], Any]] = {}
 def answers(handlers: Mapping[str, Callable[[Learning, Any], Any]]) -> None:
     """Has every trainer answer ``{key: asked}``, walked back to it, with ``{key:
     handler(learning, asked)}``, for each key and handler given. A key is one
-    feature's: another handler for a key already taken is refused, as is an
-    envelope's own key, and nothing is registered then."""
+    feature's: another handler for a key already taken is refused, as are an
+    envelope's own keys and any key an activation could have (one not reserved, not
+    ``__soma_...``), and nothing is registered then."""
     for key, handler in handlers.items():
-        if not isinstance(key, str) or key in (KEY, HEALTH):
-            raise DeclarationError(f"{key!r} cannot name a message to a trainer: an envelope "
-                                   "uses it; name the message with a key of its own")
+        if type(key) is not str or not key.startswith(RESERVED) or key in (KEY, HEALTH):
+            raise DeclarationError(
+                f"{key!r} cannot name a message to a trainer: "
+                + ("an envelope uses it" if key in (KEY, HEALTH) else "an activation could")
+                + f"; name the message with a key of its own that starts with {RESERVED!r}")
         if _ANSWERED.get(key, handler) is not handler:
             raise DeclarationError(f"the message {key!r} is answered by "
                                    f"{_ANSWERED[key].__qualname__} already; give "
@@ -231,6 +235,14 @@ class Learning(Node):
         between steps."""
         return self._given
 
+    def done(self) -> Any:
+        """Lets go of this step's activation and answers what the node was given, so a
+        gradient can be read off it. Every ``learn`` ends here."""
+        given = self._given
+        self._held = self._given = None
+        return given
+
+    # -- what a checkpoint keeps of it, and sets again (_checkpoint) ----------------
     @property
     def node(self) -> Any:
         """The node it trains; None until told (``of``)."""
@@ -265,13 +277,6 @@ class Learning(Node):
             self._built = None
         self._taken, self._piece = taken, piece
 
-    def done(self) -> Any:
-        """Lets go of this step's activation and answers what the node was given, so a
-        gradient can be read off it. Every ``learn`` ends here."""
-        given = self._given
-        self._held = self._given = None
-        return given
-
     # -- the two positions ------------------------------------------------------------
     def entering(self, value: Any, ctx: Ctx) -> Any:
         """In front of the node: the input as a leaf, remembered. Walked back, what
@@ -295,7 +300,8 @@ class Learning(Node):
 
     def forward(self, value: Any, ctx: Ctx) -> Any:
         """Behind the node: an ordinary value is the activation to keep (what goes on is
-        detached); an envelope is dL/d(that activation), to learn from."""
+        detached); an envelope is dL/d(that activation), to learn from; a message (see
+        ``answers``) is answered by its feature's handler."""
         if carries(value):
             return self._learn_from(value, ctx)
         if type(value) is dict and len(value) == 1:  # a message is one reserved key
@@ -303,6 +309,11 @@ class Learning(Node):
             handler = _ANSWERED.get(key)
             if handler is not None:
                 return {key: handler(self, asked)}
+            if type(key) is str and key.startswith(RESERVED):  # kept, it would answer nonsense
+                raise DeclarationError(
+                    f"the message {key!r} reached the trainer of a {type(self._node).__qualname__}"
+                    " and nothing in this process answers it; import the module whose message "
+                    "it is (somatize.torch registers its own) before the trainer is asked")
         self._held = value
         if self._owed:
             self._owed[-1][1] = value
