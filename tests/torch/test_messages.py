@@ -18,7 +18,7 @@ from somatize.torch._checkpoint import ANSWERS as CHECKPOINT_ANSWERS
 from somatize.torch._checkpoint import RESTORE, STATE
 from somatize.torch._learning import KEY, answers
 from somatize.torch._weights import ANSWERS as WEIGHTS_ANSWERS
-from somatize.torch._weights import ASKING, LOADING, exported
+from somatize.torch._weights import ASKING, LOADING, answer_weights
 
 TORCH = Path(__file__).resolve().parents[2] / "src" / "somatize" / "torch"
 
@@ -78,12 +78,12 @@ def test_an_activation_that_is_a_map_of_one_key_is_still_an_activation():
 
 def test_a_message_key_is_one_features_reserved_and_never_an_envelopes():
     answers(WEIGHTS_ANSWERS)  # the same handlers again: nothing changes
-    with pytest.raises(DeclarationError, match="answered by exported already"):
+    with pytest.raises(DeclarationError, match="answered by answer_weights already"):
         answers({ASKING: lambda learning, asked: None})
     with pytest.raises(DeclarationError, match="an envelope uses it"):
-        answers({KEY: exported})
+        answers({KEY: answer_weights})
     with pytest.raises(DeclarationError, match="an activation could.*'__soma_'"):
-        answers({"weights": exported})
+        answers({"weights": answer_weights})
     with pytest.raises(DeclarationError, match="'__soma_nobody__'.*nothing in this process"):
         trained()[1].forward({"__soma_nobody__": True}, Ctx())
     node, split = trained()

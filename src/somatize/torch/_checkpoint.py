@@ -41,10 +41,10 @@ from ..store._store import check_name
 from ._random import HERE, check_random, on_host, random_state, seeded, set_random
 from ._weights import checked_node, checked_weights, copy_weights, weights_of
 
-__all__ = ["ANSWERS", "Keeper", "RESTORE", "Run", "STATE", "check_learning", "check_optimizer",
-           "copied", "grads_of", "keep", "kept", "layout", "learning_state", "load_optimizer",
-           "optimizer_state", "restore_learning", "restored", "seed_all", "set_grads", "take_up",
-           "weight_names"]
+__all__ = ["ANSWERS", "Keeper", "RESTORE", "Run", "STATE", "answer_restore", "answer_state",
+           "check_learning", "check_optimizer", "copied", "grads_of", "keep", "layout",
+           "learning_state", "load_optimizer", "optimizer_state", "restore_learning", "seed_all",
+           "set_grads", "take_up", "weight_names"]
 
 FORMAT = "somatize.checkpoint/1"
 STATE = "__soma_state__"  # walked back to a trainer: answer its node's weights and its state
@@ -187,7 +187,7 @@ def restore_learning(learning: Any, state: Any) -> None:
         learning.stand(state["taken"], state["piece"])
 
 
-def kept(learning: Any, asked: Any) -> dict[str, Any]:
+def answer_state(learning: Any, asked: Any) -> dict[str, Any]:
     """A trainer's answer to ``STATE``: its node's weights, the gradients of a group
     still open, and its own state."""
     node = learning.node
@@ -196,7 +196,7 @@ def kept(learning: Any, asked: Any) -> dict[str, Any]:
             "grads": grads_of(node) if taken else {}, "learning": learning_state(learning)}
 
 
-def restored(learning: Any, asked: Mapping[str, Any]) -> bool:
+def answer_restore(learning: Any, asked: Mapping[str, Any]) -> bool:
     """A trainer's answer to ``RESTORE``: its part of a checkpoint checked, and taken
     unless ``check`` says this is only the check every machine passes before any of
     them copies."""
@@ -210,7 +210,7 @@ def restored(learning: Any, asked: Mapping[str, Any]) -> bool:
     return True
 
 
-ANSWERS = {STATE: kept, RESTORE: restored}
+ANSWERS = {STATE: answer_state, RESTORE: answer_restore}
 
 
 def seed_all(run: Run, seed: int) -> None:

@@ -24,9 +24,9 @@ from .._keys import Unwritable, hexdigest_of
 from .._node import MADE_WITH
 
 __all__ = [
-    "ANSWERS", "ASKING", "LOADING", "checked_node", "checked_weights", "copy_weights",
-    "exported", "freeze", "has_parameters", "held", "loaded", "modules_of", "parameters",
-    "snapshot", "weights_digest", "weights_of",
+    "ANSWERS", "ASKING", "LOADING", "answer_load", "answer_weights", "checked_node",
+    "checked_weights", "copy_weights", "freeze", "has_parameters", "held", "modules_of",
+    "parameters", "snapshot", "weights_digest", "weights_of",
 ]
 
 Weights = dict[str, dict[str, Any]]
@@ -286,14 +286,14 @@ def _fits(node_id: str, key: str, mine: Any, theirs: Any) -> None:
 
 
 # -- what a trainer answers, where it runs -------------------------------------------------
-def exported(learning: Any, asked: Any) -> dict[str, Any]:
+def answer_weights(learning: Any, asked: Any) -> dict[str, Any]:
     """A trainer's answer to ``ASKING``: its node's weights, copied, so that training
     on changes nothing that was handed out."""
     return {k: v.detach().clone() if isinstance(v, torch.Tensor) else v
             for k, v in weights_of(learning.node).items()}
 
 
-def loaded(learning: Any, asked: Mapping[str, Any]) -> bool:
+def answer_load(learning: Any, asked: Mapping[str, Any]) -> bool:
     """A trainer's answer to ``LOADING``: the weights given checked against its node,
     and copied in unless ``check`` says this is only the check every machine passes
     before any of them copies."""
@@ -303,4 +303,4 @@ def loaded(learning: Any, asked: Mapping[str, Any]) -> bool:
     return True
 
 
-ANSWERS = {ASKING: exported, LOADING: loaded}
+ANSWERS = {ASKING: answer_weights, LOADING: answer_load}
