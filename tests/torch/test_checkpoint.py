@@ -20,6 +20,7 @@ from somatize import Broker, CorruptObject, DeclarationError, Graph, StoreError,
 from somatize._codec import dumps, loads
 from somatize.store import DirectoryBackend, Store
 from somatize.torch import Split, Trainer, parameters
+from somatize.torch._checkpoint import learning_state, restore_learning
 
 HERE = Path(__file__).parent
 
@@ -180,18 +181,18 @@ def test_a_learning_keeps_and_restores_its_own_state(tmp_path):
     t = Trainer(g, objective=F.mse_loss, trains=trains,
                 optimizer=torch.optim.Adam(parameters(g, without=trains)))
     t.fit(batches(3))
-    state = trains["body"].state()
+    state = learning_state(trains["body"])
     assert state["type"] == "Split" and state["taken"] == 0
     assert state["optimizer"]["type"] == "Adam" and len(state["optimizer"]["state"]) == 4
     kept = {k: v["exp_avg"].clone() for k, v in state["optimizer"]["state"].items()}
     t.fit(batches(2, seed=3))  # moves on; restoring brings the moments back
-    trains["body"].restore(state)
-    now = trains["body"].state()["optimizer"]["state"]
+    restore_learning(trains["body"], state)
+    now = learning_state(trains["body"])["optimizer"]["state"]
     assert all(torch.equal(now[k]["exp_avg"], kept[k]) for k in kept)
     sgd = Split(torch.optim.SGD, lr=0.1).of(body)
     with pytest.raises(DeclarationError, match="as a Adam.*is a SGD"):
-        sgd.restore(state)
-    assert sgd._built is None and sgd._taken == 0  # refused: nothing taken, nothing built
+        restore_learning(sgd, state)
+    assert sgd.built is None and sgd.standing == (0, 0)  # refused: nothing taken, nothing built
 
 
 class Failing(DirectoryBackend):

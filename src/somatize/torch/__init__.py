@@ -15,8 +15,11 @@ say — through a ``Learning`` that stands beside it; ``architecture`` and ``pro
 say what a network is made of and rank candidates before any training.
 
 Importing it also registers how a tensor is written down (``somatize.torch._codec``),
-which is what lets a graph key, keep and recall tensors. The name does not shadow
-the real torch: imports are absolute, so ``import torch`` in here is the usual one.
+which is what lets a graph key, keep and recall tensors, and what a trainer answers
+when asked for its weights or its part of a checkpoint (``_weights.ANSWERS``,
+``_checkpoint.ANSWERS``): a worker imports this package before it can rebuild a
+trainer. The name does not shadow the real torch: imports are absolute, so ``import
+torch`` in here is the usual one.
 """
 
 from __future__ import annotations
@@ -24,15 +27,20 @@ from __future__ import annotations
 from .._errors import NoGradient, OutOfStep
 from ._architecture import architecture, kind_of, traced
 from ._audit import Audit
+from ._checkpoint import ANSWERS as _CHECKPOINT_ANSWERS
 from ._codec import register as _register
 from ._federated import fedavg, gather
 from ._learning import Learning, Split, envelope, gradient
+from ._learning import answers as _answers
 from ._probe import probe
 from ._proxies import EVERY, proxies, proxy
 from ._trainer import Result, Trainer
+from ._weights import ANSWERS as _WEIGHTS_ANSWERS
 from ._weights import freeze, parameters
 
 _register()
+_answers(_WEIGHTS_ANSWERS)
+_answers(_CHECKPOINT_ANSWERS)
 
 __all__ = [
     "Audit",

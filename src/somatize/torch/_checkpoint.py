@@ -15,8 +15,10 @@ skips the steps already taken by position, so a loader has to give the same batc
 in the same order when walked again (a seeded generator of its own).
 
 A trainer on another machine is reached by the channel there is: a message walked
-back to it like a gradient (``STATE``, ``RESTORE``); a host's random state by a
-one-node graph placed on that host (``somatize.torch._random``).
+back to it like a gradient (``STATE``, ``RESTORE``), which it answers with the
+functions here (``ANSWERS``, registered by ``somatize.torch``), so that a technique
+holds no checkpoint code; a host's random state by a one-node graph placed on that
+host (``somatize.torch._random``).
 """
 
 from __future__ import annotations
@@ -37,11 +39,12 @@ from .._graph import Graph
 from .._remember import open_store
 from ..store._store import check_name
 from ._random import HERE, check_random, on_host, random_state, seeded, set_random
-from ._weights import checked_weights, copy_weights, weights_of
+from ._weights import checked_node, checked_weights, copy_weights, weights_of
 
-__all__ = ["Keeper", "RESTORE", "STATE", "Run", "check_optimizer", "copied", "grads_of", "keep",
-           "layout", "load_optimizer", "optimizer_state", "seed_all", "set_grads", "take_up",
-           "weight_names"]
+__all__ = ["ANSWERS", "Keeper", "RESTORE", "Run", "STATE", "answer_restore", "answer_state",
+           "check_learning", "check_optimizer", "copied", "grads_of", "keep", "layout",
+           "learning_state", "load_optimizer", "optimizer_state", "restore_learning", "seed_all",
+           "set_grads", "take_up", "weight_names"]
 
 FORMAT = "somatize.checkpoint/1"
 STATE = "__soma_state__"  # walked back to a trainer: answer its node's weights and its state
@@ -138,6 +141,76 @@ def set_grads(node: Any, grads: Mapping[str, Any]) -> None:
             value.grad = None
     for key, grad in grads.items():
         live[key].grad = grad.to(live[key].device, live[key].dtype).clone()
+
+
+# -- a trainer's part, where it runs -----------------------------------------------------
+def learning_state(learning: Any) -> dict[str, Any]:
+    """A trainer's own state, to be kept: its optimizer's (None until built), and where
+    its group stands. Not its node's weights, which are the node's."""
+    built = learning.built
+    taken, piece = learning.standing
+    return {"type": type(learning).__qualname__, "every": learning.steps_per_update(),
+            "taken": taken, "piece": piece, "optimizer": optimizer_state(built),
+            "layout": layout(built, weight_names(learning.node)) if built is not None else []}
+
+
+def check_learning(learning: Any, state: Any) -> None:
+    """Refuses a state ``learning_state`` answered for another technique, another
+    layout of optimizer, or a group further along than this trainer ever gets; builds
+    nothing to check it."""
+    name = type(learning).__qualname__
+    if not isinstance(state, Mapping) or "taken" not in state:
+        raise TypeError(f"a {name} restores what learning_state() answered, "
+                        f"not a {type(state).__qualname__}")
+    if state["type"] != name:
+        raise DeclarationError(f"the state given was a {state['type']}'s and this is a "
+                               f"{name}; train the node the same way")
+    every = learning.steps_per_update()
+    if state["taken"] >= every:
+        raise DeclarationError(
+            f"the state given is {state['taken']} steps into a group and this {name} makes "
+            f"one update every {every}; restore it with the every= it was kept with")
+    if state["optimizer"] is not None:
+        built = learning.built or learning.fresh_optimizer()
+        check_optimizer(built, state["optimizer"], state["layout"],
+                        layout(built, weight_names(learning.node)), f"the {name}'s")
+
+
+def restore_learning(learning: Any, state: Any) -> None:
+    """Gives ``learning`` back what ``learning_state`` answered, checked first: nothing
+    changes if it is refused."""
+    check_learning(learning, state)
+    if state["optimizer"] is None:  # built afresh at first use, as it was then
+        learning.stand(state["taken"], state["piece"], rebuilt=True)
+    else:
+        load_optimizer(learning.optimizer, state["optimizer"])
+        learning.stand(state["taken"], state["piece"])
+
+
+def answer_state(learning: Any, asked: Any) -> dict[str, Any]:
+    """A trainer's answer to ``STATE``: its node's weights, the gradients of a group
+    still open, and its own state."""
+    node = learning.node
+    taken, _ = learning.standing
+    return {"weights": {k: copied(v) for k, v in weights_of(node).items()},
+            "grads": grads_of(node) if taken else {}, "learning": learning_state(learning)}
+
+
+def answer_restore(learning: Any, asked: Mapping[str, Any]) -> bool:
+    """A trainer's answer to ``RESTORE``: its part of a checkpoint checked, and taken
+    unless ``check`` says this is only the check every machine passes before any of
+    them copies."""
+    node = learning.node
+    plan = checked_node(node, asked["node"], asked["weights"])
+    check_learning(learning, asked["learning"])
+    if not asked["check"]:
+        copy_weights([plan])
+        set_grads(node, asked["grads"])
+        restore_learning(learning, asked["learning"])
+    return True
+
+
+ANSWERS = {STATE: answer_state, RESTORE: answer_restore}
 
 
 def seed_all(run: Run, seed: int) -> None:

@@ -19,6 +19,12 @@ runs several forwards before the first gradient comes back, so a trainer keeps e
 activation still owed a gradient, oldest first, and an envelope may carry a third
 item, ``behind``: how many forwards ran after the one it is for (none, the newest,
 unless said). Older ones are a failed step's leftovers and are let go of.
+
+Anything else a trainer is told travels the same way, as a one-key dict walked back to
+it (export and load, a checkpoint kept or taken up), and is answered by the module
+whose feature it is: each says its handlers, ``somatize.torch`` registers them when it
+is imported (``answers``) — which a worker does before it can rebuild a trainer — and
+a trainer, and so a technique, knows nothing of exports or checkpoints.
 """
 
 from __future__ import annotations
@@ -31,17 +37,36 @@ import torch
 
 from .._errors import DeclarationError, OutOfStep, whole_number
 from .._node import Ctx, Node, Opaque
-from ._checkpoint import (RESTORE, STATE, check_optimizer, copied, grads_of, layout, load_optimizer,
-                          optimizer_state, set_grads, weight_names)
-from ._weights import checked_node, copy_weights, weights_of
 
-__all__ = ["Enters", "Learning", "Split", "carries", "envelope", "gradient", "is_envelope"]
+__all__ = ["Enters", "Learning", "Split", "answers", "carries", "envelope", "gradient",
+           "is_envelope"]
 
 KEY = "__soma_envelope__"
-ASKING = "__soma_weights__"  # walked back to a trainer: answer the node's weights
-LOADING = "__soma_load__"  # walked back to a trainer: check (and copy) these weights
 HEALTH = "__soma_health__"  # beside an envelope: the health facts of the trainers it passed
 MOST_OWED = 256  # forwards a trainer keeps waiting for their gradient; a pipeline runs fewer
+RESERVED = "__soma_"  # how every key somatize itself puts in a value begins
+
+# What a trainer is told besides gradients: a reserved key, and who answers it.
+_ANSWERED: dict[str, Callable[[Learning, Any], Any]] = {}
+
+
+def answers(handlers: Mapping[str, Callable[[Learning, Any], Any]]) -> None:
+    """Has every trainer answer ``{key: asked}``, walked back to it, with ``{key:
+    handler(learning, asked)}``, for each key and handler given. A key is one
+    feature's: another handler for a key already taken is refused, as are an
+    envelope's own keys and any key an activation could have (one not reserved, not
+    ``__soma_...``), and nothing is registered then."""
+    for key, handler in handlers.items():
+        if type(key) is not str or not key.startswith(RESERVED) or key in (KEY, HEALTH):
+            raise DeclarationError(
+                f"{key!r} cannot name a message to a trainer: "
+                + ("an envelope uses it" if key in (KEY, HEALTH) else "an activation could")
+                + f"; name the message with a key of its own that starts with {RESERVED!r}")
+        if _ANSWERED.get(key, handler) is not handler:
+            raise DeclarationError(f"the message {key!r} is answered by "
+                                   f"{_ANSWERED[key].__qualname__} already; give "
+                                   f"{handler.__qualname__} a key of its own")
+    _ANSWERED.update(handlers)
 
 
 def envelope(gradient: Any, closing: bool = False, behind: int = 0) -> dict[str, Any]:
@@ -217,59 +242,40 @@ class Learning(Node):
         self._held = self._given = None
         return given
 
-    def state(self) -> dict[str, Any]:
-        """Its own state, to be kept: its optimizer's (None until built), and where its
-        group stands. Not its node's weights, which are the node's."""
-        built = self._built
-        return {"type": type(self).__qualname__, "every": self._every, "taken": self._taken,
-                "piece": self._piece, "optimizer": optimizer_state(built),
-                "layout": layout(built, weight_names(self._node)) if built is not None else []}
+    # -- what a checkpoint keeps of it, and sets again (_checkpoint) ----------------
+    @property
+    def node(self) -> Any:
+        """The node it trains; None until told (``of``)."""
+        return self._node
 
-    def restore(self, state: dict[str, Any]) -> None:
-        """Takes what ``state()`` answered, checked first: nothing changes if it is
-        refused (another technique, another optimizer layout, a group too far along)."""
-        self._check_state(state)
-        if state["optimizer"] is None:
-            self._built = None  # built afresh at first use, as it was then
-        else:
-            load_optimizer(self.optimizer, state["optimizer"])
-        self._taken, self._piece = state["taken"], state["piece"]
+    @property
+    def built(self) -> Any:
+        """Its optimizer if it has been built, else None; asking builds nothing."""
+        return self._built
 
-    def _check_state(self, state: Any) -> None:
-        name = type(self).__qualname__
-        if not isinstance(state, Mapping) or "taken" not in state:
-            raise TypeError(f"{name}.restore() takes what state() answered, "
-                            f"not a {type(state).__qualname__}")
-        if state["type"] != name:
-            raise DeclarationError(f"the state given was a {state['type']}'s and this is a "
-                                   f"{name}; train the node the same way")
-        every = self._every or 1
-        if state["taken"] >= every:
-            raise DeclarationError(
-                f"the state given is {state['taken']} steps into a group and this {name} makes "
-                f"one update every {every}; restore it with the every= it was kept with")
-        if state["optimizer"] is not None:  # compared with one built aside: nothing is built
-            built = self._built or self._factory(self.training())
-            check_optimizer(built, state["optimizer"], state["layout"],
-                            layout(built, weight_names(self._node)), f"the {name}'s")
+    def fresh_optimizer(self) -> Any:
+        """An optimizer built as its own would be, over what is here, and kept by
+        nobody: what a kept state is checked against without changing anything."""
+        return self._factory(self.training())
 
-    def _kept_or_restored(self, message: dict[str, Any]) -> dict[str, Any]:
-        """What a trainer answers a checkpoint's message, wherever it runs: its node's
-        weights, an open group's gradients and its own state; or those checked (by
-        everyone before anyone copies), then taken."""
-        node = self._node
-        if STATE in message:
-            return {STATE: {"weights": {k: copied(v) for k, v in weights_of(node).items()},
-                            "grads": grads_of(node) if self._taken else {},
-                            "learning": self.state()}}
-        asked = message[RESTORE]
-        plan = checked_node(node, asked["node"], asked["weights"])
-        self._check_state(asked["learning"])
-        if not asked["check"]:
-            copy_weights([plan])
-            set_grads(node, asked["grads"])
-            self.restore(asked["learning"])
-        return {RESTORE: True}
+    @property
+    def standing(self) -> tuple[int, int]:
+        """Where its group stands: the steps taken into it, and the ``learn`` calls
+        into the Trainer's step (its pieces, which an Audit counts)."""
+        return self._taken, self._piece
+
+    def stand(self, taken: int, piece: int, *, rebuilt: bool = False) -> None:
+        """Puts its group where a kept ``standing`` says; ``rebuilt`` lets go of its
+        optimizer, to be built afresh at first use as it was then. A group further
+        along than one update is refused: nothing could close it."""
+        every = self.steps_per_update()
+        if not 0 <= taken < every:
+            raise DeclarationError(f"{type(self).__qualname__} makes one update every {every} "
+                                   f"steps, so no group of it stands {taken} steps in; give "
+                                   "a standing it answered")
+        if rebuilt:
+            self._built = None
+        self._taken, self._piece = taken, piece
 
     # -- the two positions ------------------------------------------------------------
     def entering(self, value: Any, ctx: Ctx) -> Any:
@@ -294,20 +300,20 @@ class Learning(Node):
 
     def forward(self, value: Any, ctx: Ctx) -> Any:
         """Behind the node: an ordinary value is the activation to keep (what goes on is
-        detached); an envelope is dL/d(that activation), to learn from."""
+        detached); an envelope is dL/d(that activation), to learn from; a message (see
+        ``answers``) is answered by its feature's handler."""
         if carries(value):
             return self._learn_from(value, ctx)
-        if type(value) is dict and ASKING in value:
-            return {ASKING: {k: v.detach().clone() if isinstance(v, torch.Tensor) else v
-                             for k, v in weights_of(self._node).items()}}
-        if type(value) is dict and LOADING in value:
-            asked = value[LOADING]
-            plan = checked_node(self._node, asked["node"], asked["weights"])
-            if not asked["check"]:
-                copy_weights([plan])
-            return {LOADING: True}
-        if type(value) is dict and (STATE in value or RESTORE in value):
-            return self._kept_or_restored(value)  # a checkpoint kept, or taken up
+        if type(value) is dict and len(value) == 1:  # a message is one reserved key
+            (key, asked), = value.items()
+            handler = _ANSWERED.get(key)
+            if handler is not None:
+                return {key: handler(self, asked)}
+            if type(key) is str and key.startswith(RESERVED):  # kept, it would answer nonsense
+                raise DeclarationError(
+                    f"the message {key!r} reached the trainer of a {type(self._node).__qualname__}"
+                    " and nothing in this process answers it; import the module whose message "
+                    "it is (somatize.torch registers its own) before the trainer is asked")
         self._held = value
         if self._owed:
             self._owed[-1][1] = value

@@ -34,7 +34,8 @@ from .._node import Opaque
 from .._plan import stages
 from .._slices import backend_of, finish
 from ._audit import Audit
-from ._learning import ASKING, HEALTH, LOADING, Learning, envelope, gradient
+from ._learning import HEALTH, Learning, envelope, gradient
+from ._weights import ASKING, LOADING
 
 __all__ = ["StagedDriver", "rewired"]
 

@@ -5,6 +5,10 @@ A node is never required to be a ``torch.nn.Module``. Its parameters are what it
 one, otherwise what the modules it keeps as attributes hold (``net.0.weight``), and as
 a last resort its parameters by position (``parameters.0``). Freezing reaches both, so
 a node whose ``.parameters()`` leaves something out is still settled whole.
+
+A node trained where it runs is asked for its weights, or handed some, through its
+trainer: the two messages here (``ASKING``, ``LOADING``) are walked back to it like a
+gradient, and ``ANSWERS`` is what it answers, registered by ``somatize.torch``.
 """
 
 from __future__ import annotations
@@ -20,12 +24,14 @@ from .._keys import Unwritable, hexdigest_of
 from .._node import MADE_WITH
 
 __all__ = [
-    "checked_node", "checked_weights", "copy_weights", "freeze", "has_parameters", "held",
-    "modules_of", "parameters",
-    "snapshot", "weights_digest", "weights_of",
+    "ANSWERS", "ASKING", "LOADING", "answer_load", "answer_weights", "checked_node",
+    "checked_weights", "copy_weights", "freeze", "has_parameters", "held", "modules_of",
+    "parameters", "snapshot", "weights_digest", "weights_of",
 ]
 
 Weights = dict[str, dict[str, Any]]
+ASKING = "__soma_weights__"  # walked back to a trainer: answer the node's weights
+LOADING = "__soma_load__"  # walked back to a trainer: check (and copy) these weights
 
 
 def parameters(graph: Any, without: Container[str] = ()) -> list[torch.nn.Parameter]:
@@ -277,3 +283,24 @@ def _fits(node_id: str, key: str, mine: Any, theirs: Any) -> None:
             f"node {node_id!r}, {key!r}: the weights given are {theirs.dtype} and the node "
             f"holds {mine.dtype}; nothing was loaded — convert them with .to({mine.dtype}) first"
         )
+
+
+# -- what a trainer answers, where it runs -------------------------------------------------
+def answer_weights(learning: Any, asked: Any) -> dict[str, Any]:
+    """A trainer's answer to ``ASKING``: its node's weights, copied, so that training
+    on changes nothing that was handed out."""
+    return {k: v.detach().clone() if isinstance(v, torch.Tensor) else v
+            for k, v in weights_of(learning.node).items()}
+
+
+def answer_load(learning: Any, asked: Mapping[str, Any]) -> bool:
+    """A trainer's answer to ``LOADING``: the weights given checked against its node,
+    and copied in unless ``check`` says this is only the check every machine passes
+    before any of them copies."""
+    plan = checked_node(learning.node, asked["node"], asked["weights"])
+    if not asked["check"]:
+        copy_weights([plan])
+    return True
+
+
+ANSWERS = {ASKING: answer_weights, LOADING: answer_load}
