@@ -21,7 +21,7 @@ from importlib import import_module
 from typing import Any
 
 from ._errors import CorruptObject, SomaError, UnwritableError
-from ._node import Opaque
+from ._opaque import Opaque
 
 __all__ = ["codec", "codec_for", "codec_modules", "codecs_registered", "dumps", "found_in",
            "loads", "pack", "pack_into", "pieces_of", "unpack"]

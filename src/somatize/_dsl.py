@@ -14,12 +14,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection
-from typing import TYPE_CHECKING, Any, Union
+from typing import Any
 
 from ._errors import DeclarationError
-
-if TYPE_CHECKING:
-    from ._node import Node
 
 __all__ = ["Declared", "Piece", "Topology", "as_piece", "assign_ids", "default_id",
            "is_host_name", "snake_case", "valid_device", "valid_host", "valid_id"]
@@ -131,7 +128,7 @@ class Declared(Piece):
     __slots__ = ()
 
 
-Topology = Union[Piece, "Node"]
+Topology = Any  # a Piece, or a Node (_node's Node builds on this module, so it is not named)
 
 
 def as_piece(thing: Any) -> Piece:

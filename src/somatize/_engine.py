@@ -2,7 +2,7 @@
 
 ``execute`` takes a graph's data form, works out the route of this walk (which nodes,
 in which waves, which of them are sent away), and drives it: the nodes here through the
-one loop (``_walk.walk``), the slices on other hosts through whatever ``Backend`` the
+one loop (``_walk.walk``), the slices on other hosts through whatever ``Runner`` the
 caller handed in, side by side with what runs here meanwhile. Remembering
 (``_remember``) and walking a stage against its edges (``_transpose``) are hooks and
 programs for that same loop, not second walks.
@@ -18,7 +18,7 @@ from . import _plan
 from ._errors import DeclarationError
 from ._graph import hand_down
 from ._remember import Memory, foreseen
-from ._slices import Backend, Later, Slice, backend_of, fan_out, finish, new_forward_id, spread
+from ._slices import Runner, Later, Slice, runner_of, fan_out, finish, new_forward_id, spread
 from ._transpose import walk_back
 from ._walk import LostValue, Mapping, Program, program, settle, walk
 
@@ -230,7 +230,7 @@ class Pass:
             hooks = Memory.start(prog, way, input, store, wanted, emit)
         elif any(prog.mapped):
             hooks = Mapping(prog)
-        backend = backend_of(broker) if way.away else None
+        backend = runner_of(broker) if way.away else None
         if way.away and backend is None:
             host = next(iter(seg[2][0].host for seg in way.segments if seg[0] == "away"))
             raise DeclarationError(
@@ -264,7 +264,7 @@ class Pass:
 
 
 def _segments(data: Any, prog: Program, way: Route, vals: list[Any], value: Any,
-              backend: Backend | None, hooks: Any, emit: Any, began: int, stamping: Any,
+              backend: Runner | None, hooks: Any, emit: Any, began: int, stamping: Any,
               forward_id: str | None, later: bool):
     """The walk's segments in order, as a generator that yields where slices are out
     (only when ``later``: otherwise it runs through without a stop)."""
@@ -285,7 +285,7 @@ def _read(v: Any, reader: str) -> Any:
 
 
 def _meanwhile(prog: Program, order: list[int], remotes: list[Away], vals: list[Any],
-               value: Any, backend: Backend, hooks: Any, emit: Any, began: int,
+               value: Any, backend: Runner, hooks: Any, emit: Any, began: int,
                stamping: Any, forward_id: str, later: bool = False):
     """A wave with Remotes in it: they go out together, local nodes run meanwhile; a
     generator that yields, when ``later``, while they are out."""
@@ -340,4 +340,4 @@ def foresee(graph: Any, input: Any = None, *, store: Any = None) -> dict[str, An
     return foreseen(prog, route(prog, None, False), input, store)
 
 
-hand_down(execute=execute, foresee=foresee, backend_of=backend_of)
+hand_down(execute=execute, foresee=foresee, runner_of=runner_of)

@@ -193,5 +193,5 @@ def whole_number(value: Any, name: str, *, least: int = 1, of: str = "") -> int:
 def walk_error(exc: SomaError) -> SomaError:
     """Marks an error the walk raised itself (already naming the node), so the walk
     does not wrap it again as that node's failure."""
-    exc._soma_walk = True  # type: ignore[attr-defined]
+    exc.soma_walk = True  # type: ignore[attr-defined]
     return exc

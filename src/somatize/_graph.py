@@ -561,7 +561,7 @@ class Graph:
         whole graph, one catalog per wire. ``forward`` calls it for you."""
         if broker is None:
             return
-        _above["backend_of"](broker).prepare(self.data())
+        _above["runner_of"](broker).prepare(self.data())
 
     def figure(self, overlay: Any = None, inside: Any = None) -> Any:
         """The graph drawn as a plotly figure; nothing is executed. Needs ``[viz]``."""
@@ -583,7 +583,7 @@ _above: dict[str, Callable[..., Any]] = {}
 
 
 def hand_down(**functions: Callable[..., Any]) -> None:
-    """Called once by the walk's module with ``execute``, ``foresee`` and ``backend_of``."""
+    """Called once by the walk's module with ``execute``, ``foresee`` and ``runner_of``."""
     _above.update(functions)
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from ._codec import codec_for, pieces_of
 from ._errors import UnwritableError
-from ._node import Opaque
+from ._opaque import Opaque
 
 __all__ = ["Unwritable", "digest_of", "hexdigest_of", "feed", "node_prefix", "node_key"]
 

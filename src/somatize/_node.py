@@ -12,6 +12,7 @@ from typing import Any
 
 from ._dsl import as_piece
 from ._errors import MissingForward
+from ._opaque import Done, Opaque
 
 __all__ = ["Ctx", "Done", "Node", "Opaque"]
 
@@ -102,27 +103,3 @@ class Ctx:
 
     def __repr__(self) -> str:
         return f"Ctx(device={self.device!r}, node={self.node!r})"
-
-
-class Opaque:
-    """A value that crosses the graph untouched: the node below receives it unwrapped."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: Any):
-        self.value = value
-
-    def __repr__(self) -> str:
-        return f"Opaque({type(self.value).__qualname__})"
-
-
-class Done:
-    """A finished answer; the walk unwraps it exactly like a plain return."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: Any):
-        self.value = value
-
-    def __repr__(self) -> str:
-        return f"Done({self.value!r})"

@@ -2,11 +2,11 @@
 
 The walk never learns what a worker, a socket or a cluster is. A stretch of nodes on
 another host is a ``Slice`` (plain data: which nodes, what they are handed, what is
-wanted back), and whoever can run it there is a ``Backend``: a small interface with
+wanted back), and whoever can run it there is a ``Runner``: a small interface with
 ``prepare`` (tell every host what it will need, before the first node runs), ``run``
 (one slice, answered by an ``Outcome``) and ``submit`` (start one now, read its answer
 later, the way dask's scheduler is handed its ``submit``). The wire's Broker is one
-backend; a cluster engine is another; the walk takes whichever it is handed.
+runner; a cluster engine is another; the walk takes whichever it is handed.
 
 The other half, a slice run by the host it was sent to, is the walk's own
 (``_engine.run_slice``), shared by every transport.
@@ -22,8 +22,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Backend", "Later", "Outcome", "Slice", "backend_of", "fan_out", "finish", "listing",
-           "new_forward_id", "spread"]
+__all__ = ["Later", "Outcome", "Runner", "Slice", "fan_out", "finish", "new_forward_id", "runner_of",
+           "spread", "stands_for"]
 
 
 @dataclass(slots=True)  # not frozen: a frozen one costs 4 µs more to make, per slice
@@ -83,7 +83,7 @@ def _shared_pool() -> ThreadPoolExecutor:
         return _pool
 
 
-class Backend:
+class Runner:
     """Runs slices of a graph on the hosts it knows. Subclass it; override ``run``, and
     ``prepare`` and ``submit`` where the transport can do better than the defaults.
 
@@ -106,7 +106,7 @@ class Backend:
         of a shared pool; a transport that can send now and read later overrides it."""
         return _shared_pool().submit(self.run, piece)
 
-    def session(self, keeps: bool = False) -> Backend:
+    def session(self, keeps: bool = False) -> Runner:
         """A backend whose slices run against state of their own on every host, apart
         from anybody else's; ``keeps`` says that state learns there (a trainer's), so
         losing it must be said, never made good from the first copy. A backend that
@@ -118,7 +118,7 @@ class Backend:
         return None
 
 
-def fan_out(backend: Backend, pieces: list[Slice],
+def fan_out(backend: Runner, pieces: list[Slice],
             meanwhile: Callable[[], None] | None = None) -> list[tuple[Outcome | None, Exception | None]]:
     """Every slice sent, ``meanwhile`` run here while they are out, every answer read:
     ``(outcome, None)`` or ``(None, error)`` per slice, in order, so a caller can tell
@@ -131,7 +131,7 @@ def fan_out(backend: Backend, pieces: list[Slice],
     return finish(spread(backend, pieces, meanwhile))
 
 
-def spread(backend: Backend, pieces: list[Slice], meanwhile: Callable[[], None] | None = None):
+def spread(backend: Runner, pieces: list[Slice], meanwhile: Callable[[], None] | None = None):
     """``fan_out`` as a generator that yields once, when every slice is out and
     ``meanwhile`` ran: whoever drives it may do more here before the answers are read
     (the next piece of a pipelined step). It returns what ``fan_out`` answers."""
@@ -191,21 +191,21 @@ def _settled(future: Future) -> tuple[Outcome | None, Exception | None]:
 
 
 # -- a {host: Worker} map stands for a backend --------------------------------------------
-_listings: dict[type, Callable[[dict], Backend]] = {}
-_makers: dict[type, Callable[[dict], Backend] | None] = {}  # a kind's, found once (forwards ask)
+_stand_ins: dict[type, Callable[[dict], Runner]] = {}
+_makers: dict[type, Callable[[dict], Runner] | None] = {}  # a kind's, found once (forwards ask)
 
 
-def listing(kind: type, make: Callable[[dict], Backend]) -> None:
+def stands_for(kind: type, make: Callable[[dict], Runner]) -> None:
     """Says that ``{host: kind}`` maps stand for the backend ``make(map)`` answers, so
     ``forward(broker={"gpu": Worker.at(...)})`` works; registered by the transport."""
-    _listings[kind] = make
+    _stand_ins[kind] = make
     _makers.clear()  # a kind looked up before may now find a maker through its bases
 
 
-def backend_of(broker: Any) -> Backend | None:
+def runner_of(broker: Any) -> Runner | None:
     """The backend a caller handed in: one, or a ``{host: worker}`` map of a kind a
     transport registered."""
-    if broker is None or isinstance(broker, Backend):
+    if broker is None or isinstance(broker, Runner):
         return broker
     if isinstance(broker, dict):
         kinds = set(map(type, broker.values()))
@@ -220,9 +220,9 @@ def backend_of(broker: Any) -> Backend | None:
     raise TypeError(f"broker= takes a Broker or {{host: Worker}}, not a {type(broker).__qualname__}")
 
 
-def _maker(kind: type) -> Callable[[dict], Backend] | None:
+def _maker(kind: type) -> Callable[[dict], Runner] | None:
     make = _makers.get(kind)
     if make is None:
-        make = _makers[kind] = next((_listings[b] for b in kind.__mro__ if b in _listings), None)
+        make = _makers[kind] = next((_stand_ins[b] for b in kind.__mro__ if b in _stand_ins), None)
     return make
 

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ._errors import DeclarationError
-from ._slices import Later, Slice, backend_of, fan_out, new_forward_id, spread
+from ._slices import Later, Slice, runner_of, fan_out, new_forward_id, spread
 from ._walk import FAR, MANY, ONE, ROOT, SKIP, Hooks, Program, gather, walk
 
 __all__ = ["GIVEN", "POSITION", "walk_back"]
@@ -59,7 +59,7 @@ def walk_back(data: Any, nodes: Iterable[str] | None, given: dict[str, Any],
         answered.update(_here(data, local, given, emit, since))
         done = {n: answered[n] for n in want}
         return Later(iter(()), lambda: done) if later else done
-    backend = backend_of(broker)
+    backend = runner_of(broker)
     if backend is None:
         raise DeclarationError(
             f"walking back {away[0][1][0]!r} means reaching host {away[0][0]!r}, and no "

@@ -190,7 +190,7 @@ def walk(prog: Program, order: list[int], vals: list[Any], value: Any, hooks: Ho
                 out = settle(out, ids[i])
             vals[i] = hooks.after(i, x, out) if marked else out
     except Exception as exc:
-        if getattr(exc, "_soma_walk", False):  # the walk's own refusal, already named
+        if getattr(exc, "soma_walk", False):  # the walk's own refusal, already named
             raise
         raise failed(prog, i, exc, emit) from exc
     except BaseException as exc:  # Ctrl-C and exit go on as they are, saying where

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from somatize import Graph, Node, Opaque
-from somatize.torch._architecture import KINDS, architecture, kind_of, traced
+from somatize.torch._architecture import LAYER_KINDS, architecture, kind_of, traced
 
 nn, F = torch.nn, torch.nn.functional
 
@@ -392,7 +392,7 @@ def test_kind_of_reads_functions_by_name_and_refuses_what_it_cannot_read():
         "activation", "activation", "pooling", "normalisation", "dropout", "conv", "attention",
         "embedding", "linear"]
     assert kind_of(torch.add) == "other" and kind_of("gelu") == "activation"
-    assert set(KINDS) >= {"linear", "conv", "normalisation", "activation", "attention", "embedding",
+    assert set(LAYER_KINDS) >= {"linear", "conv", "normalisation", "activation", "attention", "embedding",
                           "dropout", "pooling", "recurrent", "other"}
     with pytest.raises(TypeError, match="not a int"):
         kind_of(3)

@@ -137,6 +137,11 @@ class Live:
             return {"text/plain": self.line()}
         return figure._repr_mimebundle_()
 
+    def redraw_if_stale(self) -> None:
+        """Draws again what arrived since the notebook's output was last drawn."""
+        if self._stale:
+            self._redraw()
+
     def _redraw(self, here: bool = False) -> None:
         """Brings the notebook output up to date; ``here`` shows it in the running cell
         too when the output so far belongs to another one."""
@@ -218,8 +223,8 @@ def _after_cell(live: weakref.ref[Live], shell: Any) -> Any:
         shown = live()
         if shown is None:
             shell.events.unregister("post_run_cell", after)
-        elif shown._stale:
-            shown._redraw()
+        else:
+            shown.redraw_if_stale()
     return after
 
 

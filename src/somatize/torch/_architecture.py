@@ -14,7 +14,7 @@ An ``Inside`` is a list of ``(path, what)``; ``path`` is relative to the node (t
 audit's ``node.path`` keys) and ``what`` a dict of plain data:
 
 ============  ============================================================================
-``kind``      the role, one of ``KINDS`` (see ``kind_of``)
+``kind``      the role, one of ``LAYER_KINDS`` (see ``kind_of``)
 ``cls``       the class name (a function's name for a functional part, ``"N more"``
               for the entry that stands for what ``most`` left out)
 ``shape_in``  the input's shape as a list of ints; a list of them for several inputs;
@@ -51,11 +51,11 @@ from .._engine import Pass
 from .._errors import whole_number
 from .._node import MADE_WITH, Opaque
 
-__all__ = ["KINDS", "Inside", "architecture", "kind_of", "traced"]
+__all__ = ["LAYER_KINDS", "Inside", "architecture", "kind_of", "traced"]
 
 Inside = list[tuple[str, dict[str, Any]]]
 
-KINDS = ("linear", "conv", "normalisation", "activation", "attention", "embedding",
+LAYER_KINDS = ("linear", "conv", "normalisation", "activation", "attention", "embedding",
          "dropout", "pooling", "recurrent", "block", "parameter", "other")
 
 # Classes whose role the suffix rules would miss or get wrong. Looked up along the
@@ -107,7 +107,7 @@ _CONTAINERS = (torch.nn.Sequential, torch.nn.ModuleList, torch.nn.ModuleDict,
 
 # -- kind_of ------------------------------------------------------------------------------
 def kind_of(what: Any) -> str:
-    """The role of a module, a module class, a function or a class name: one of ``KINDS``.
+    """The role of a module, a module class, a function or a class name: one of ``LAYER_KINDS``.
 
     By role and never by exact class only: a table of torch's classes looked up along
     the MRO, then suffix rules, so a class nobody listed that ends in ``Norm`` is a

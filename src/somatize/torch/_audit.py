@@ -125,6 +125,18 @@ class Audit:
         self._restart(not self._steered)
         return self
 
+    def check_for(self, graph: Any) -> None:
+        """Refuses, before anything is hooked, to be a Trainer's audit of ``graph``: one
+        that watches another graph, or is steered by another Trainer, or whose paths
+        and groups do not fit this graph."""
+        if self._graph is not None and self._graph is not graph:
+            raise DeclarationError("the Audit given as auditing= watches another graph; "
+                                   "release() it first, or give this Trainer an Audit of its own")
+        if self._steered:
+            raise DeclarationError("this Audit is already used by another Trainer; give each "
+                                   "Trainer an Audit of its own")
+        self._plan(graph)
+
     def by_hand(self, node_id: str, node: Any) -> Audit:
         """Watches one node with no graph and no hook: whoever holds it says what it
         produced (``saw``). That is a trainer on a worker, which sees its node's
@@ -304,13 +316,7 @@ def audit_for(graph: Any, auditing: Any, watchers: list[Any]) -> Audit | None:
         raise DeclarationError(
             "auditing= was given but watching= is empty, so every health fact would be "
             "measured for nobody; pass watching=Recorder(store) (or any callable) beside it")
-    if audit._graph is not None and audit._graph is not graph:
-        raise DeclarationError("the Audit given as auditing= watches another graph; "
-                               "release() it first, or give this Trainer an Audit of its own")
-    if audit._steered:
-        raise DeclarationError("this Audit is already used by another Trainer; give each "
-                               "Trainer an Audit of its own")
-    audit._plan(graph)
+    audit.check_for(graph)
     return audit
 
 

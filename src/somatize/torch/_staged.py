@@ -32,7 +32,7 @@ from .._errors import CacheError, DeclarationError, NodeError
 from .._graph import DECLARATIONS, Graph, GraphData, assembled, generated
 from .._node import Opaque
 from .._plan import stages
-from .._slices import backend_of, finish
+from .._slices import runner_of, finish
 from ._audit import Audit
 from ._learning import HEALTH, Learning, envelope, gradient
 from ._weights import ASKING, LOADING
@@ -151,7 +151,7 @@ class StagedDriver:
                     )
         self.through = {n for stage in self.stages for n in stage.untrained_here
                         if n in self.leaves}
-        self._backend = backend_of(broker)
+        self._backend = runner_of(broker)
         self.broker = self._session()
         self.store = store
         self._passed: Any = None
@@ -334,7 +334,7 @@ class StagedDriver:
             return False
         if any(n in self.through for stage in self.stages[:away[-1]] for n in stage.nodes):
             return False
-        backend = backend_of(self.broker)
+        backend = runner_of(self.broker)
         return bool(getattr(backend, "ordered", False))
 
     def _heard(self, answers: dict[str, Any]) -> None:

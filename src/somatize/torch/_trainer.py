@@ -36,7 +36,7 @@ from .._graph import Graph, describe
 from .._node import Opaque
 from .._remember import open_store
 from ..store._store import check_name
-from .._slices import backend_of
+from .._slices import runner_of
 from ._audit import audit_for
 from ._checks import (
     check_caches,
@@ -476,7 +476,7 @@ def _broker(broker: Any, workers: Any, hosts: Mapping[str, str]) -> Any:
         said = ", ".join(f"{host!r}: Worker.at('HOST:PORT')" for host in missing)
         raise DeclarationError(f"{lead}, and this graph runs {placed}; map each host to its "
                                f"worker: workers={{{said}}}")
-    return backend_of(dict(workers))
+    return runner_of(dict(workers))
 
 
 def _placed(broker: Any, hosts: Mapping[str, str]) -> None:

@@ -21,7 +21,7 @@ HOSTS = ("#f58518", "#54a24b", "#b279a2", "#e45756", "#72b7b2", "#eeca3b", "#ff9
 FLAGGED, FLAGGED_FILL, FLAGGED_PART = "#d62728", "#fdecea", "#f4b6b2"
 EDGE, WIRE = "#8c8c8c", "#444444"
 MARKS = {"cached": "#2e7d32", "frozen": "#1565c0", "mapped": "#6a1b9a"}
-KINDS = {
+KIND_COLOURS = {
     "linear": "#c6dbef", "conv": "#c7e9c0", "normalisation": "#fdd0a2",
     "activation": "#fee391", "attention": "#dadaeb", "embedding": "#d9f0a3",
     "dropout": "#f0f0f0", "pooling": "#c7eae5", "recurrent": "#fcc5c0", "block": "#e5d8bd",
@@ -318,7 +318,7 @@ def _parts(fig: Any, graph_objects: Any, geometry: Layout, opened: dict, parts: 
                 seams[1].extend([y, y, None])
             previous = within
             flagged = path in part_flags.get(node, {})
-            fill = FLAGGED_PART if flagged else KINDS.get(str(what.get("kind")), KINDS["other"])
+            fill = FLAGGED_PART if flagged else KIND_COLOURS.get(str(what.get("kind")), KIND_COLOURS["other"])
             px, py = by_fill.setdefault(fill, ([], []))
             px += [x, x + w, x + w, x, x, None]
             py += [y, y, y + h, y + h, y, None]
@@ -358,10 +358,10 @@ def _legend(fig: Any, graph_objects: Any, geometry: Layout, colours: dict[str | 
     if flagged:
         entry("flagged", FLAGGED, "square")
     # An unknown kind is drawn as "other", so it is named once, after that mapping.
-    kinds = dict.fromkeys(kind if kind in KINDS else "other" for kind in (
+    kinds = dict.fromkeys(kind if kind in KIND_COLOURS else "other" for kind in (
         str(what.get("kind")) for listed in opened.values() for _, what in listed))
     for kind in kinds:
-        entry(kind, KINDS[kind], "square")
+        entry(kind, KIND_COLOURS[kind], "square")
 
 
 def _frame(fig: Any, graph: Any, geometry: Layout, shapes: list, annotations: list) -> None:

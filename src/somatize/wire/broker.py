@@ -20,7 +20,7 @@ from typing import Any
 from .._dsl import is_host_name
 from .._errors import DeclarationError, Lost, UnwritableError, WireError
 from .._graph import made_from
-from .._slices import Backend, Outcome, Slice, listing
+from .._slices import Outcome, Runner, Slice, stands_for
 from .._walk import LostValue
 from .catalog import catalog_id, pack_values, runtime_of
 from .transport import Place, Request, Staged, Tenancy
@@ -37,9 +37,9 @@ _last: tuple[tuple, Broker] | None = None
 _graphs: weakref.WeakKeyDictionary[Any, tuple[bytes, dict]] = weakref.WeakKeyDictionary()
 
 
-class Broker(Backend):
+class Broker(Runner):
     """Where the hosts of a graph are: ``{host: Worker}``, resolved in this process.
-    The walk's way to them: a ``Backend`` whose slices go over each host's wire, in
+    The walk's way to them: a ``Runner`` whose slices go over each host's wire, in
     the order they were sent (a worker answers a connection's requests in turn), each
     in the session of the graph it is part of (``session`` opens one of its own)."""
 
@@ -179,7 +179,7 @@ def _pack(data: Any, worker: Place, hosts: set[str]) -> Staged:
     return Staged(catalog_id(kind, blob_id, runtime), kind, blob_id, blob, runtime, nodes)
 
 
-class Session(Backend):
+class Session(Runner):
     """One owner's state on the workers of a broker, kept apart from everybody
     else's: a random id, a catalog per wire, and what each worker is known to hold.
     A backend of its own, so whoever drives a graph in pieces hands it to the walk."""
@@ -275,4 +275,4 @@ def _stranded(data: Any, pred: str, value: LostValue, nodes: Any, host: str) -> 
         node=pred, host=value.host)
 
 
-listing(Place, Broker.embedded)  # forward(broker={"gpu": Worker.at(...)}) means this
+stands_for(Place, Broker.embedded)  # forward(broker={"gpu": Worker.at(...)}) means this

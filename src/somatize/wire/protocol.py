@@ -80,7 +80,7 @@ _NO_MAC = bytes(MAC_SIZE)
 _SEQ = struct.Struct("<Q")
 
 #: Every kind a frame may have; anything else is not one of ours.
-KINDS = frozenset({
+FRAME_KINDS = frozenset({
     "hello", "challenge", "proof", "welcome", "refused",        # the handshake
     "catalog", "provision", "slice", "end",                     # client -> worker
     "ok", "need", "done", "error", "beat",                      # worker -> client
@@ -293,7 +293,7 @@ def read_header(raw: bytes | bytearray | memoryview, body_len: int, limits: Limi
     if type(head) is not dict:
         raise ProtocolError(f"a frame header is a map, not a {type(head).__name__}")
     kind = head.get("k")
-    if kind not in KINDS:
+    if kind not in FRAME_KINDS:
         raise ProtocolError(f"a frame of unknown kind {kind!r}")
     sizes = head.get("b", [])
     if (type(sizes) is not list or len(sizes) > limits.buffers
