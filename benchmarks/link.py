@@ -8,6 +8,11 @@ each direction every chunk read is given the time the link would take to carry i
 then the one-way delay, and is written out when that time comes, in order. So a
 round trip costs ``2 × delay`` and a message of ``n`` bytes ``n / rate`` more, each way.
 
+A peer that names its own address to the other side mid-stream (TensorPipe does, so
+the other side opens more connections straight to it) would slip past the link;
+``own_address=True`` rewrites that address to the link's own in what the target sends
+at the start of each connection, where such handshakes are.
+
 The proxy is plain threads and sockets, so it shares the GIL of the process it runs
 in; a benchmark that must not be perturbed runs it as a child (``serve``). It stops
 when closed, after ``lifetime_s`` in any case, and a child also when its parent dies.
@@ -33,6 +38,9 @@ _CHUNK = 1 << 16
 # Chunks in flight per direction before the reader waits: bounds the memory a fast
 # sender can pile up (16 MB), as a real link's window would.
 _IN_FLIGHT = 256
+# How far into a connection the target's own address is looked for (own_address):
+# handshakes come first, and tensors after them are left untouched.
+_HANDSHAKE = 1 << 16
 _DELAY_UNITS = {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}
 _RATE_UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
 
@@ -66,19 +74,24 @@ class _Direction:
     arrives at the far end, and a writer that hands it over then."""
 
     def __init__(self, source: socket.socket, sink: socket.socket, delay: float,
-                 rate: float | None, stop: threading.Event):
+                 rate: float | None, stop: threading.Event, swap: tuple[bytes, bytes] | None = None):
         self.source, self.sink, self.delay, self.rate, self.stop = source, sink, delay, rate, stop
+        self.swap = swap
         self.chunks: queue.Queue = queue.Queue(_IN_FLIGHT)
         for run in (self._read, self._write):
             threading.Thread(target=run, daemon=True).start()
 
     def _read(self) -> None:
         free_at = 0.0  # when this direction has carried everything read so far
+        read = 0
         try:
             while not self.stop.is_set():
                 data = self.source.recv(_CHUNK)
                 if not data:
                     break
+                if self.swap and read < _HANDSHAKE:
+                    data = data.replace(*self.swap)
+                read += len(data)
                 now = time.perf_counter()
                 free_at = max(now, free_at) + (len(data) / self.rate if self.rate else 0.0)
                 self.chunks.put((free_at + self.delay, data))
@@ -111,11 +124,19 @@ class Link:
     connect instead of the target."""
 
     def __init__(self, target: tuple[str, int], delay_s: float, rate_bytes_per_s: float | None = None,
-                 *, lifetime_s: float = 900.0):
+                 *, lifetime_s: float = 900.0, own_address: bool = False):
         self.target, self.delay, self.rate = target, delay_s, rate_bytes_per_s
         self._server = socket.create_server(("127.0.0.1", 0))
         self._server.settimeout(0.2)  # so the accept loop sees close() and the lifetime
         self.address: tuple[str, int] = self._server.getsockname()[:2]
+        self._swap = None
+        if own_address:
+            theirs, ours = (f"{a[0]}:{a[1]}".encode() for a in (target, self.address))
+            if len(theirs) != len(ours):  # a longer name would break the frame it sits in
+                self.close()
+                raise ValueError(f"the link at {ours.decode()} cannot stand for {theirs.decode()} "
+                                 "in a handshake: the two are not the same length")
+            self._swap = (theirs, ours)
         self._stop = threading.Event()
         self._until = time.monotonic() + lifetime_s
         self._sockets: list[socket.socket] = []
@@ -145,7 +166,7 @@ class Link:
                 _nodelay(sock)
             self._sockets += [near, far]
             _Direction(near, far, self.delay, self.rate, self._stop)
-            _Direction(far, near, self.delay, self.rate, self._stop)
+            _Direction(far, near, self.delay, self.rate, self._stop, self._swap)
         self.close()
 
     def close(self) -> None:
@@ -169,12 +190,14 @@ class LinkProcess:
     the GIL of the process being measured; it ends with ``close()``, with its parent,
     or after ``lifetime_s``."""
 
-    def __init__(self, spec: str, target: tuple[str, int], *, lifetime_s: float = 900.0):
+    def __init__(self, spec: str, target: tuple[str, int], *, lifetime_s: float = 900.0,
+                 own_address: bool = False):
         parse(spec)  # refuse a bad spec here, not as a child's exit code
         self.spec, self.target = spec, target
         self._child = subprocess.Popen(
             [sys.executable, os.path.abspath(__file__), "--serve", spec, f"{target[0]}:{target[1]}",
-             f"{lifetime_s:g}"], stdout=subprocess.PIPE, text=True)
+             f"{lifetime_s:g}", *(["--own-address"] if own_address else [])],
+            stdout=subprocess.PIPE, text=True)
         line = self._child.stdout.readline()
         match = re.fullmatch(r"listening on ([0-9.]+):([0-9]+)\n", line)
         if not match:
@@ -198,11 +221,11 @@ class LinkProcess:
         self.close()
 
 
-def serve(spec: str, target: str, lifetime_s: float) -> None:
+def serve(spec: str, target: str, lifetime_s: float, own_address: bool) -> None:
     """A child's life: one link until its parent goes, or its lifetime ends."""
     host, _, port = target.rpartition(":")
     parent = os.getppid()
-    with Link.of(spec, (host, int(port)), lifetime_s=lifetime_s) as link:
+    with Link.of(spec, (host, int(port)), lifetime_s=lifetime_s, own_address=own_address) as link:
         print(f"listening on {link.address[0]}:{link.address[1]}", flush=True)
         until = time.monotonic() + lifetime_s
         while time.monotonic() < until and os.getppid() == parent:
@@ -284,6 +307,6 @@ def main(spec: str) -> None:
 if __name__ == "__main__":
     if "--serve" in sys.argv:
         at = sys.argv.index("--serve")
-        serve(sys.argv[at + 1], sys.argv[at + 2], float(sys.argv[at + 3]))
+        serve(sys.argv[at + 1], sys.argv[at + 2], float(sys.argv[at + 3]), "--own-address" in sys.argv)
     else:
         main(sys.argv[1] if len(sys.argv) > 1 else "10ms,100mbit")
