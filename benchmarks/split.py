@@ -11,15 +11,24 @@ one-piece step) and a tiny one, whose difference is the fixed cost of a split st
 (two round trips: the forward stage and the walk back). Every process runs torch on
 one thread, so the comparison is of the machinery and not of who got more cores.
 
+``--link 10ms,100mbit`` puts the worker behind a slow link (``link.py``, a proxy in a
+process of its own) and torch rpc's TensorPipe connections behind the same link, and
+prints every figure beside its floor: the link's round trips and the time it takes to
+carry the activations and gradients that must cross it.
+
     python benchmarks/split.py            # --quick for fewer steps
+    python benchmarks/split.py --quick --link 2ms,100mbit
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
 import sys
+from datetime import timedelta
+from urllib.parse import parse_qs, urlparse
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -29,8 +38,10 @@ from somatize import Broker, Graph, Node, Opaque, Worker  # noqa: E402
 from somatize.torch import Split, Trainer, parameters  # noqa: E402
 
 from _bench import cycled, median
+from link import LinkProcess, parse
 
 QUICK = "--quick" in sys.argv
+LINK = sys.argv[sys.argv.index("--link") + 1] if "--link" in sys.argv else None
 STEPS = 30 if QUICK else 100
 SIZES = {"~10 ms/step": (512, 256), "tiny": (16, 8)}  # width, batch
 
@@ -117,8 +128,81 @@ def rpc_worker(port):
 
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-    rpc.init_rpc("worker", rank=1, world_size=2)
+    rpc.init_rpc("worker", rank=1, world_size=2, rpc_backend_options=rpc_options(port))
     rpc.shutdown()
+
+
+def rpc_options(port):
+    """TensorPipe's options: its defaults on loopback, or behind the link only sockets.
+
+    By default TensorPipe moves tensors between two processes of one machine through
+    shared memory or cross-memory attach, which no link would carry; behind the link
+    it is held to its socket transport (``uv``) and channel (``basic``), as it would
+    be between two machines, and meets its peer through a store that hands each
+    side the link's address for the other."""
+    from torch.distributed import rpc
+
+    if LINK is None:
+        return None
+    os.environ["TP_SOCKET_IFNAME"] = "lo"  # listen on loopback, where the link reaches
+    _linked_rendezvous()
+    return rpc.TensorPipeRpcBackendOptions(init_method=f"linked://127.0.0.1:{port}",
+                                           _transports=["uv"], _channels=["basic"])
+
+
+_LINKED: list = []  # the stores and links behind rpc: pybind needs the Python side alive
+
+
+def _passed(name):
+    return lambda self, *args: getattr(self.inner, name)(*args)
+
+
+def _linked_rendezvous():
+    import torch.distributed as dist
+
+    class Linked(dist.Store):
+        """The rendezvous store, but on the client each TensorPipe listener's address
+        (``…/addrs/<name>``) is swapped for a link to it: the one it publishes for
+        itself (so the worker's calls back, the gradients, cross it too) and the one
+        it reads for the worker."""
+
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def _through(self, url):
+            host, _, port = url.decode().removeprefix("uv://").rpartition(":")
+            link = LinkProcess(LINK, (host, int(port)), own_address=True)
+            _LINKED.append(link)
+            return f"uv://{link.address[0]}:{link.address[1]}".encode()
+
+        def set(self, key, value):
+            mine = key.endswith("/addrs/client")
+            return self.inner.set(key, self._through(value) if mine else value)
+
+        def get(self, key):
+            value = self.inner.get(key)
+            return self._through(value) if key.endswith("/addrs/worker") else value
+
+        def has_extended_api(self):
+            return True
+
+    # Every other call goes to the store as it is; each is named on the class, since
+    # pybind looks for a Python override there, never through __getattr__.
+    for name in ("add", "append", "check", "compare_set", "delete_key", "multi_get",
+                 "multi_set", "num_keys", "set_timeout", "wait"):
+        setattr(Linked, name, _passed(name))
+
+    def handler(url, **kwargs):
+        where = urlparse(url)
+        asked = parse_qs(where.query)
+        rank, size = int(asked["rank"][0]), int(asked["world_size"][0])
+        store = dist.TCPStore(where.hostname, where.port, size, rank == 0, timedelta(seconds=60))
+        store = Linked(store) if rank == 0 else store
+        _LINKED.append(store)
+        yield store, rank, size
+
+    dist.register_rendezvous_handler("linked", handler)
 
 
 def rpc_numbers():
@@ -134,8 +218,9 @@ def rpc_numbers():
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-    child = subprocess.Popen([sys.executable, __file__, "--rpc-worker", port])
-    rpc.init_rpc("client", rank=0, world_size=2)
+    linked = ["--link", LINK] if LINK else []
+    child = subprocess.Popen([sys.executable, __file__, "--rpc-worker", port, *linked])
+    rpc.init_rpc("client", rank=0, world_size=2, rpc_backend_options=rpc_options(port))
     out = {}
     try:
         for name, (width, rows) in SIZES.items():
@@ -161,15 +246,36 @@ def rpc_numbers():
     finally:
         rpc.shutdown()
         child.wait(30)
+        while _LINKED:
+            link = _LINKED.pop()
+            if isinstance(link, LinkProcess):
+                link.close()
     return out
+
+
+@contextlib.contextmanager
+def reached(worker):
+    """The worker as the split step reaches it: itself, or through the link to it."""
+    if LINK is None:
+        yield worker
+        return
+    with LinkProcess(LINK, worker.address("w")) as link:
+        far = Worker.at(f"{link.address[0]}:{link.address[1]}", mode="network", token=worker.token)
+        try:
+            yield far
+        finally:
+            far.close()
 
 
 def main():
     torch.set_num_threads(1)
-    with Worker.generic(mode="network", send=[]) as worker:
-        ours = {name: somatize_numbers(width, rows, worker) for name, (width, rows) in SIZES.items()}
-        piped = pipeline_numbers(*SIZES["~10 ms/step"], worker)
+    with Worker.generic(mode="network", send=[]) as worker, reached(worker) as far:
+        ours = {name: somatize_numbers(width, rows, far) for name, (width, rows) in SIZES.items()}
+        piped = {name: pipeline_numbers(width, rows, far) for name, (width, rows) in SIZES.items()
+                 if LINK or name == "~10 ms/step"}
     anchor = rpc_numbers() if "--no-rpc" not in sys.argv else {}
+    if LINK:
+        return print_linked(ours, piped, anchor)
     print(f"split training, far half on a worker on loopback; median step of {STEPS // 4} "
           "(best of 4 interleaved blocks), 1 thread per process")
     print(f"{'size':14}{'one piece':>12}{'split':>12}{'split/one':>11}{'torch rpc':>12}"
@@ -180,12 +286,70 @@ def main():
               f"{rpc * 1e3:10.2f}ms{split / rpc:10.2f}x")
     one, split = ours["tiny"]
     print(f"fixed cost of a split step (tiny model): {(split - one) * 1e6:.0f} µs")
-    plain, overlapped = piped
+    plain, overlapped = piped["~10 ms/step"]
     print(f"split step, micro=4 (~10 ms/step): one piece after another {plain * 1e3:.2f}ms, "
           f"pipelined {overlapped * 1e3:.2f}ms, pipelined/unpipelined {overlapped / plain:.2f}x, "
           f"pipelined/split micro=1 {overlapped / ours['~10 ms/step'][1]:.2f}x")
     print("targets: split/one <= 1.2x and split/rpc <= 0.8x at ~10 ms/step; fixed cost "
           "<= 500 µs; pipelined micro=4 <= 0.8x unpipelined")
+
+
+def floors(width, rows, micro=4):
+    """What the link alone costs a step at least: one activation's bytes, and the floor
+    of a split step, of ``micro`` pieces one after another, and of them pipelined.
+
+    A split step crosses the link in two round trips (the forward stage, the walk
+    back) and carries four tensors of the body's width, each waiting on the one
+    before: the activation in, the body's output back, its gradient in and the
+    gradient of the activation back, so 2 RTT + 4 x bytes / rate. Pieces one after
+    another make 2 RTT each over the same bytes. Pipelined, the two directions carry
+    at once (the link is full duplex, as a real one is), so the floor is the larger
+    of one piece's chain (2 RTT + its 4 tensors) and the busier direction's two
+    tensors of the whole batch plus the round trip of the last gradient."""
+    delay, rate = parse(LINK)
+    size = rows * width * 4  # float32; the wire's own framing is left out
+    each = size / rate if rate else 0.0
+    return (size, 4 * delay + 4 * each, micro * 4 * delay + 4 * each,
+            max(4 * delay + 4 * each / micro, 2 * delay + 2 * each))
+
+
+def print_linked(ours, piped, anchor):
+    delay, rate = parse(LINK)
+    print(f"split training behind the link {LINK} (one-way delay {delay * 1e3:g} ms, "
+          f"{'unbounded' if rate is None else f'{rate * 8 / 1e6:g} Mbit/s'} each way; a proxy "
+          f"process on loopback); median step of {STEPS // 4} (best of 4 interleaved blocks), "
+          "1 thread per process")
+    print("floor: 2 RTT + 4 x (one activation's bytes) / rate, what a split step must spend on "
+          "the link; /floor+one also counts the one-piece step's compute, which a step in "
+          "sequence cannot hide")
+    for name, (width, rows) in SIZES.items():
+        size, floor, floor_micro, floor_piped = floors(width, rows)
+        one, split = ours[name]
+        plain, overlapped = piped[name]
+        print(f"\n{name}: batch {rows} x width {width}, one activation {size / 1024:g} KiB; "
+              f"floor {floor * 1e3:.2f} ms; micro=4 one after another (8 RTT + the same bytes) "
+              f"{floor_micro * 1e3:.2f} ms, pipelined (both directions at once) "
+              f"{floor_piped * 1e3:.2f} ms")
+        print(f"  {'':34}{'step':>10}{'floor':>10}{'/floor':>9}{'/floor+one':>12}")
+        rows_out = [("one piece (no link)", one, None),
+                    ("split", split, floor),
+                    ("split micro=4, one after another", plain, floor_micro),
+                    ("split micro=4, pipelined", overlapped, floor_piped),
+                    ("torch rpc through the same link", anchor.get(name, float("nan")), floor)]
+        for label, took, bound in rows_out:
+            if bound is None:
+                print(f"  {label:34}{took * 1e3:8.2f}ms{'':10}{'':9}{'':12}")
+                continue
+            print(f"  {label:34}{took * 1e3:8.2f}ms{bound * 1e3:8.2f}ms{took / bound:8.2f}x"
+                  f"{took / (bound + one):11.2f}x")
+    print("\ntorch rpc: TensorPipe held to its socket transport and channel (uv, basic) so its "
+          "tensors cross the link, as between machines; its step also pays for "
+          "DistributedOptimizer.step, a round trip more than the floor. Each side's listener "
+          "is reached through a link of its own that also rewrites the address TensorPipe "
+          "names in its handshake, so the connections it opens next cross it too. The Gloo "
+          "group rpc "
+          "opens for its start-up, and the rendezvous store, stay off the link: neither "
+          "carries a step.")
 
 
 if __name__ == "__main__":
