@@ -22,6 +22,7 @@ when closed, after ``lifetime_s`` in any case, and a child also when its parent 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import re
@@ -140,6 +141,7 @@ class Link:
         self._stop = threading.Event()
         self._until = time.monotonic() + lifetime_s
         self._sockets: list[socket.socket] = []
+        self._held = threading.Lock()  # so a connection made while closing is cut too
         self._thread = threading.Thread(target=self._accept, daemon=True)
         self._thread.start()
 
@@ -164,19 +166,26 @@ class Link:
             for sock in (near, far):
                 sock.settimeout(None)
                 _nodelay(sock)
-            self._sockets += [near, far]
+            with self._held:
+                self._sockets += [near, far]
+                if self._stop.is_set():
+                    break
             _Direction(near, far, self.delay, self.rate, self._stop)
             _Direction(far, near, self.delay, self.rate, self._stop, self._swap)
         self.close()
 
     def close(self) -> None:
         """Stops accepting and cuts every connection it carries."""
-        self._stop.set()
-        for sock in [self._server, *self._sockets]:
-            try:
+        with self._held:
+            self._stop.set()
+            held = [self._server, *self._sockets]
+        for sock in held:
+            # shutdown first: a close alone neither wakes a thread blocked reading the
+            # socket nor ends the connection while that thread holds it.
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
                 sock.close()
-            except OSError:
-                pass
 
     def __enter__(self) -> Link:
         return self
