@@ -169,12 +169,15 @@ def _linked_rendezvous():
         def __init__(self, inner):
             super().__init__()
             self.inner = inner
+            self.links = {}  # a listener read twice is still reached through one link
 
         def _through(self, url):
-            host, _, port = url.decode().removeprefix("uv://").rpartition(":")
-            link = LinkProcess(LINK, (host, int(port)), own_address=True)
-            _LINKED.append(link)
-            return f"uv://{link.address[0]}:{link.address[1]}".encode()
+            if url not in self.links:
+                host, _, port = url.decode().removeprefix("uv://").rpartition(":")
+                link = LinkProcess(LINK, (host, int(port)), own_address=True)
+                _LINKED.append(link)
+                self.links[url] = f"uv://{link.address[0]}:{link.address[1]}".encode()
+            return self.links[url]
 
         def set(self, key, value):
             mine = key.endswith("/addrs/client")
