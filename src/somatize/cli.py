@@ -21,9 +21,10 @@ libraries, ``export`` the tracker's, ``demo`` torch and plotly, an ``s3://`` sto
 says which one to install before it starts work.
 
 A mistake (a store that is not there, an unknown run, a forward out of range) is one
-line on stderr and exit status 2, and so is a store whose bytes are corrupt; a warning
-(a record left out of a listing) is one line on stderr too. A traceback means a bug in
-somatize.
+line on stderr and exit status 2. A record a store holds that cannot be read is damage,
+not a mistake: ``runs``, ``show``, ``health`` and ``report`` read the rest, say which
+records they left out and why (``damaged: ...``), and exit 0; only ``show -f N`` of a
+damaged forward is one line and exit 2. A traceback means a bug in somatize.
 """
 
 from __future__ import annotations

@@ -63,6 +63,7 @@ class Broker(Runner):
         self._listing = dict(listing)
         self._stagings: weakref.WeakKeyDictionary[Any, list] = weakref.WeakKeyDictionary()
         self._graphs: weakref.WeakKeyDictionary[Any, Session] = weakref.WeakKeyDictionary()
+        self._last: tuple[Any, Session] | None = None
         # Every host of one wire goes through the first worker listed for it.
         first: dict[bytes, Place] = {}
         self._wires = {host: first.setdefault(worker.wire, worker) for host, worker in listing.items()}
@@ -143,12 +144,16 @@ class Broker(Runner):
 
     # -- the walk's side: each graph in a session of its own ---------------------------
     def _of(self, data: Any) -> Session:
+        last = self._last
+        if last is not None and last[0] is data:  # a forward asks twice, forward after forward
+            return last[1]
         found = self._graphs.get(data)
         if found is None:
             owned = _graphs.get(data)
             if owned is None:
                 owned = _graphs[data] = (secrets.token_bytes(16), {})
             found = self._graphs[data] = Session(self, keeps=False, owned=owned)
+        self._last = (data, found)
         return found
 
     def prepare(self, data: Any) -> None:
@@ -188,6 +193,8 @@ class Session(Runner):
                  owned: tuple[bytes, dict[bytes, Tenancy]] | None = None):
         self.broker, self.keeps = broker, keeps
         self.id, self._tenancies = owned if owned is not None else (secrets.token_bytes(16), {})
+        self._prepared: Any = None  # the data form staged last: a forward stages each time
+        self._hosts: dict[str, tuple[Place, Tenancy]] = {}  # each host's wire, found once
 
     @property
     def ordered(self) -> bool:  # type: ignore[override]
@@ -205,6 +212,9 @@ class Session(Runner):
 
     def prepare(self, data: Any) -> None:
         """Stages the graph's catalog for this session on every wire it uses."""
+        if data is self._prepared:
+            return
+        self._prepared = data
         for worker, staged in self.broker.stagings(data):
             tenancy = self._tenancy(worker)
             if tenancy.staged is not staged:
@@ -231,9 +241,12 @@ class Session(Runner):
     def _request(self, piece: Slice) -> tuple[Place, Request]:
         """The wire a slice goes over, and the request its link sends."""
         host, data = piece.host, piece.data
-        worker = self.broker.wire_of(host)
-        tenancy = self._tenancy(worker)
-        if tenancy.staged is None:
+        found = self._hosts.get(host)
+        if found is None:
+            worker = self.broker.wire_of(host)
+            found = self._hosts[host] = (worker, self._tenancy(worker))
+        worker, tenancy = found
+        if data is not self._prepared:
             self.prepare(data)
         values: dict[str, Any] = {}
         refs: list[str] = []

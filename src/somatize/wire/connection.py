@@ -225,6 +225,8 @@ class Connection:
         """Whether this worker holds the catalog a session names: ``ok``, or ``need``
         (with why the session is gone, where it was held), or a refusal."""
         session, wanted = _session_of(frame), frame.header.get("c")
+        if type(wanted) is not str:
+            raise ProtocolError("a catalog frame without the id of its catalog")
         sessions = self.server.sessions
         try:
             sessions.admits(session, wanted)
@@ -240,6 +242,8 @@ class Connection:
     def _on_provision(self, frame: Any) -> None:
         head = frame.header
         session = _session_of(frame)
+        if type(head.get("c")) is not str:
+            raise ProtocolError("a provision frame without the id of its catalog")
         if self.server.token is not None and not frame.sealed:
             raise ProtocolError("a catalog that is not sealed on an authenticated connection")
         try:  # refused before anything is unpickled
