@@ -187,7 +187,7 @@ def _pack(data: Any, worker: Place, hosts: set[str]) -> Staged:
 class Session(Runner):
     """One owner's state on the workers of a broker, kept apart from everybody
     else's: a random id, a catalog per wire, and what each worker is known to hold.
-    A backend of its own, so whoever drives a graph in pieces hands it to the walk."""
+    A runner of its own, so whoever drives a graph in pieces hands it to the walk."""
 
     def __init__(self, broker: Broker, keeps: bool = False,
                  owned: tuple[bytes, dict[bytes, Tenancy]] | None = None):
