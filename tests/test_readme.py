@@ -21,7 +21,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -190,27 +189,15 @@ def test_the_tour_learns_is_healthy_and_its_commands_read_it(tmp_path):
     assert {p.name for p in (where / "tb").iterdir()} == {"tour", "live"}
 
 
-def _answers(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-            return True
-    except OSError:
-        return False
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_training_on_a_worker_and_the_run_that_survives(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("msgpack")
     where, home = folder(tmp_path), tmp_path / "home"
     home.mkdir()
-    port = _free_port()
+    from s3server import answers, free_port
+
+    port = free_port()
     log = open(tmp_path / "worker.log", "w")
     # The README's worker block, as printed but for its address: a real worker, on
     # loopback, holding the token it made in this HOME.
@@ -220,7 +207,7 @@ def test_training_on_a_worker_and_the_run_that_survives(tmp_path):
         env=environment(HOME=str(home)))
     try:
         deadline = time.monotonic() + 60
-        while not _answers(port):
+        while not answers(port):
             assert worker.poll() is None, (tmp_path / "worker.log").read_text()
             assert time.monotonic() < deadline, "the worker never listened"
             time.sleep(0.1)

@@ -49,13 +49,15 @@ run_simple("127.0.0.1", int(sys.argv[1]), serialised, threaded=True,
 """
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A loopback port free when asked (somebody may take it before it is used)."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
 
 
-def _answers(port: int) -> bool:
+def answers(port: int) -> bool:
+    """Whether something listens on this loopback port."""
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.2):
             return True
@@ -69,14 +71,14 @@ def s3_server(**environment: str) -> Iterator[str]:
     pytest.importorskip("boto3")
     pytest.importorskip("moto.server")
     for _ in range(3):  # the port is free when chosen; somebody may take it before moto
-        port = _free_port()
+        port = free_port()
         # Not a pipe: moto logs every request, and a pipe nobody reads fills and stalls it.
         log = tempfile.TemporaryFile()
         server = subprocess.Popen(
             [sys.executable, "-c", _SERVE, str(port)],
             stdout=subprocess.DEVNULL, stderr=log, env={**os.environ, **environment})
         deadline = time.monotonic() + 30
-        while server.poll() is None and not _answers(port):
+        while server.poll() is None and not answers(port):
             if time.monotonic() > deadline:
                 server.kill()
                 raise RuntimeError("moto's server did not answer within 30 s")

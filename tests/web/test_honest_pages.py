@@ -9,7 +9,7 @@ import os
 import shutil
 
 import pytest
-from webruns import served, training
+from webruns import CHROMIUM, FLAGS, served, training
 
 from somatize import Graph, Node
 from somatize.record import Recorder
@@ -20,13 +20,9 @@ pytest.importorskip("plotly", reason="the page draws with plotly (the web extra)
 playwright = pytest.importorskip("playwright.sync_api",
                                  reason="the browser test needs playwright (the dev extra)")
 
-CHROMIUM = next((p for p in (shutil.which("chromium"), shutil.which("chromium-browser"),
-                             "/usr/bin/chromium") if p and os.path.exists(p)), None)
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(CHROMIUM is None, reason="no chromium to open the page in "
                                  "(apt-get install chromium)")]
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 STEPS = 80
 
 

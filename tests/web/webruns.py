@@ -13,6 +13,7 @@ import contextlib
 import hashlib
 import os
 import queue
+import shutil
 import subprocess
 import sys
 import threading
@@ -24,6 +25,12 @@ from somatize import Graph, Node
 from somatize.record import Recorder
 
 HERE = Path(__file__).resolve().parent
+
+# Debian's Chromium, where it is (.ci/run installs it), and how the browser tests start it.
+CHROMIUM = next((p for p in (shutil.which("chromium"), shutil.which("chromium-browser"),
+                             "/usr/bin/chromium") if p and os.path.exists(p)), None)
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
 class Step(Node):
