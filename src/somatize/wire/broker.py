@@ -225,7 +225,7 @@ class Session(Runner):
         return worker.link.run(request)
 
     def submit(self, piece: Slice) -> Any:
-        worker = self.broker.wire_of(piece.host)
+        worker, _ = self._place(piece.host)
         if not worker.link.ordered:
             return super().submit(piece)
         worker, request = self._request(piece)
@@ -238,14 +238,18 @@ class Session(Runner):
             if tenancy is not None:
                 worker.link.end(tenancy)
 
-    def _request(self, piece: Slice) -> tuple[Place, Request]:
-        """The wire a slice goes over, and the request its link sends."""
-        host, data = piece.host, piece.data
+    def _place(self, host: str) -> tuple[Place, Tenancy]:
+        """The worker whose wire a host is on, and this session there; found once."""
         found = self._hosts.get(host)
         if found is None:
             worker = self.broker.wire_of(host)
             found = self._hosts[host] = (worker, self._tenancy(worker))
-        worker, tenancy = found
+        return found
+
+    def _request(self, piece: Slice) -> tuple[Place, Request]:
+        """The wire a slice goes over, and the request its link sends."""
+        host, data = piece.host, piece.data
+        worker, tenancy = self._place(host)
         if data is not self._prepared:
             self.prepare(data)
         values: dict[str, Any] = {}

@@ -148,7 +148,7 @@ class SocketLink(Link):
         tenancy = pending.tenancy
         if reply.kind == "need":  # the worker holds the session no more
             tenancy.declared = None
-            if tenancy.keeps and tenancy.live:
+            if tenancy.learnt:
                 self._settle(pending, None, state_lost(
                     host, self.worker.where(host), tenancy,
                     reply.header.get("gone") or "the worker let go of its session"))
@@ -205,7 +205,7 @@ class SocketLink(Link):
         self._request(host, "catalog", head)
         reply = self._answer(host, "while checking its catalog")
         if reply.kind == "need":
-            if tenancy.keeps and tenancy.live:
+            if tenancy.learnt:
                 raise state_lost(host, where, tenancy, reply.header.get("gone")
                                  or "the worker holds its session no more")
             self._request(host, "provision", {**head, "kind": staged.kind, "r": staged.runtime,

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 from .._engine import run_slice
 from .._errors import NodeError, ProtocolError, SomaError
+from .._graph import made_from
 from .._node import Opaque
 from .._slices import Slice
 from .catalog import build, catalog_id, pack_values, unpack_values
@@ -189,7 +190,9 @@ class Sessions:
 
 
 def _held_nodes(graph: Any) -> str:
-    held = [n for n, impl in graph.impls.items() if type(impl).__name__ != "Elsewhere"]
+    """The user's ids of the nodes a catalog holds (a trainer's made ids as its node's)."""
+    held = dict.fromkeys(made_from(n) for n, impl in graph.impls.items()
+                         if type(impl).__name__ != "Elsewhere")
     return ", ".join(held) or "no nodes"
 
 

@@ -83,7 +83,7 @@ class InProcessLink(Link):
             kind, head, back = self._answered(host, nodes, head, buffers)
             if kind == "need":  # the host holds the session no more
                 tenancy.declared = None
-                if tenancy.keeps and tenancy.live:
+                if tenancy.learnt:
                     raise state_lost(host, self.place.where(host), tenancy,
                                      head.get("gone") or "the host was started afresh")
                 if attempt == 0:
@@ -130,7 +130,7 @@ class InProcessLink(Link):
         try:
             sessions.admits(tenancy.session, staged.ident)
             held, gone = sessions.lookup(tenancy.session)
-            if held is None and tenancy.keeps and tenancy.live:
+            if held is None and tenancy.learnt:
                 raise state_lost(host, where, tenancy, gone or "the host holds it no more")
             if held is None or held.catalog != staged.ident:
                 try:  # the nodes are unpickled there, from the catalog's bytes

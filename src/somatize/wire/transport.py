@@ -64,10 +64,16 @@ class Tenancy:
         return (self.staged is None or
                 (self.declared == self.staged.ident and self.instance == instance))
 
+    @property
+    def learnt(self) -> bool:
+        """Whether the host holds something of this session's that its first copy
+        cannot make again: it keeps state, and a slice has run there."""
+        return self.keeps and self.live
+
     def lost_in(self, instance: str | None) -> bool:
-        """Whether what this session learnt is gone: it keeps state, has run, and the
-        host is another process than the one that held it."""
-        return self.keeps and self.live and self.instance not in (None, instance)
+        """Whether what this session learnt is gone: the host is another process than
+        the one that held it."""
+        return self.learnt and self.instance not in (None, instance)
 
 
 @dataclass(slots=True)
