@@ -238,7 +238,7 @@ class RayLink(Link):
                     continue
                 if kind == "need":  # Ray restarted it: a fresh actor holds no session
                     tenancy.declared = None
-                    if tenancy.keeps and tenancy.live:
+                    if tenancy.learnt:
                         raise state_lost(host, self.worker.where(host), tenancy,
                                          head.get("gone") or "Ray started its actor afresh")
                     if attempt == 0:
@@ -270,7 +270,7 @@ class RayLink(Link):
             blob = self._blobs[staged.ident] = ray.put(staged.blob)
         kind, head = self._call(host, actor.provision.remote(
             tenancy.session, staged.ident, staged.kind, staged.runtime, blob, tenancy.keeps,
-            tenancy.keeps and tenancy.live), "while receiving its catalog")
+            tenancy.learnt), "while receiving its catalog")
         if kind == "need":
             raise state_lost(host, where, tenancy, head.get("gone") or "Ray started its actor afresh")
         if kind == "error":
