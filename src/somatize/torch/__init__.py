@@ -32,7 +32,10 @@ from ._codec import register as _register
 from ._federated import fedavg, gather
 from ._learning import Learning, Split, envelope, gradient
 from ._learning import answers as _answers
+from ._learning import shared_by as _shared_by
 from ._probe import probe
+from ._shared import ANSWERS as _SHARED_ANSWERS
+from ._shared import Shared as _Shared
 from ._proxies import EVERY, proxies, proxy
 from ._trainer import Result, Trainer
 from ._weights import ANSWERS as _WEIGHTS_ANSWERS
@@ -41,6 +44,8 @@ from ._weights import freeze, parameters
 _register()
 _answers(_WEIGHTS_ANSWERS)
 _answers(_CHECKPOINT_ANSWERS)
+_answers(_SHARED_ANSWERS)
+_shared_by(_Shared)
 
 __all__ = [
     "Audit",

@@ -59,6 +59,11 @@ def check_trains(graph: Graph, trains: Any, optimizer: Any,
                 f"node {node_id!r} is trained and has {len(producers)} producers "
                 f"({', '.join(map(repr, producers))}); a trainer hands one gradient back, so "
                 "join them in a node of their own first")
+        if learning.shared is not None and node_id not in graph.hosts():
+            warnings.warn(
+                f"node {node_id!r} is trained shared={learning.shared!r} and runs here, where "
+                "no other client can reach it: it is trained by this Trainer alone. Put it on "
+                "a worker (.at(host)) for clients to share it there", stacklevel=3)
         twice = [p for p in held(impl, node_id) if id(p) in holds]
         if twice:
             raise DeclarationError(

@@ -29,6 +29,7 @@ a trainer, and so a technique, knows nothing of exports or checkpoints.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -48,6 +49,15 @@ RESERVED = "__soma_"  # how every key somatize itself puts in a value begins
 
 # What a trainer is told besides gradients: a reserved key, and who answers it.
 _ANSWERED: dict[str, Callable[[Learning, Any], Any]] = {}
+# What starts the trainer several clients share (``_shared.Shared``), registered by
+# somatize.torch like the answers are: a trainer knows only that it may be shared.
+_STARTS: list[Callable[..., Any]] = []
+
+
+def shared_by(start: Callable[..., Any]) -> None:
+    """Has ``start(key, learning, node_id, lock)`` make the trainer that clients naming
+    ``key`` share on a host, when the first of them arrives (see ``share_on``)."""
+    _STARTS[:] = [start]
 
 
 def answers(handlers: Mapping[str, Callable[[Learning, Any], Any]]) -> None:
@@ -134,10 +144,13 @@ def closing(value: Any) -> bool:
 class Learning(Node):
     """What trains one node where it runs. A technique writes ``learn`` and nothing else.
 
-    ``Learning(optimizer, every=None, **how)``: ``optimizer`` is a factory (a class such
-    as ``torch.optim.SGD``) called with ``training()`` and ``**how`` the first time it is
-    needed, wherever this object ended up. ``every`` is how many steps make one update;
-    a technique that names it wins over the Trainer's.
+    ``Learning(optimizer, every=None, shared=None, **how)``: ``optimizer`` is a factory
+    (a class such as ``torch.optim.SGD``) called with ``training()`` and ``**how`` the
+    first time it is needed, wherever this object ended up. ``every`` is how many steps
+    make one update; a technique that names it wins over the Trainer's. ``shared`` is a
+    key: every client whose trainer names it on the same host trains one node there,
+    with one optimizer (``somatize.torch._shared``); the first to arrive brings the
+    weights. Left out, a trainer is its Trainer's alone.
     """
 
     _soma_position = True
@@ -155,15 +168,25 @@ class Learning(Node):
     _audited_as = ""
     _pieces = 1  # learn calls that make one of the Trainer's steps (its micro)
     _piece = 0
+    _shared: str | None = None  # the key it shares its node and optimizer under, if any
+    _group: Any = None  # the Shared it joined on the host it runs on (_shared)
+    _label = ""  # its session, as the shared trainer's order names it
+    _grads: Any = None  # shared: its own open group's gradients, off the node between steps
+    _forgotten: str | None = None  # why its activations were let go of, if they were
 
-    def __init__(self, optimizer: Callable[..., Any], *, every: int | None = None, **how: Any):
+    def __init__(self, optimizer: Callable[..., Any], *, every: int | None = None,
+                 shared: str | None = None, **how: Any):
         if not callable(optimizer):
             raise TypeError(f"{type(self).__qualname__} takes an optimizer factory such as "
                             f"torch.optim.SGD, not a {type(optimizer).__qualname__}")
         if every is not None:
             whole_number(every, "every", of=type(self).__qualname__)
+        if shared is not None and (type(shared) is not str or not shared):
+            raise TypeError(f"{type(self).__qualname__}(shared=...) is the key clients train "
+                            f"one trainer under, a non-empty str, not {shared!r}")
         self._factory = functools.partial(optimizer, **how)
         self._every = every
+        self._shared = shared
 
     # -- being put together ----------------------------------------------------------
     def of(self, node: Any) -> Learning:
@@ -200,9 +223,11 @@ class Learning(Node):
 
     @property
     def optimizer(self) -> Any:
-        """Its optimizer, built the first time it is asked for, over what is here."""
+        """Its optimizer, built the first time it is asked for, over what is here. A
+        shared trainer's is its session's turn at the one optimizer."""
         if self._built is None:
-            self._built = self._factory(self.training())
+            self._built = (self._factory(self.training()) if self._group is None
+                           else self._group.turn(self._label))
         return self._built
 
     def opens(self) -> bool:
@@ -219,8 +244,8 @@ class Learning(Node):
         if self._held is None:
             raise OutOfStep(
                 f"a gradient arrived for {type(self._node).__qualname__}, whose activation "
-                "is not here: the forward that made it ran elsewhere or before a restart; "
-                "start the step again"
+                "is not here: " + (self._forgotten or "the forward that made it ran elsewhere "
+                                   "or before a restart") + "; start the step again"
             )
         return self._held
 
@@ -250,8 +275,71 @@ class Learning(Node):
 
     @property
     def built(self) -> Any:
-        """Its optimizer if it has been built, else None; asking builds nothing."""
-        return self._built
+        """Its optimizer if it has been built, else None; asking builds nothing. A
+        shared trainer's is the one optimizer its clients share."""
+        return self._built if self._group is None else self._group.built
+
+    @property
+    def factory(self) -> Callable[..., Any]:
+        """What builds its optimizer from the parameters it trains."""
+        return self._factory
+
+    @property
+    def shared(self) -> str | None:
+        """The key it shares its node and optimizer under on its host, or None."""
+        return self._shared
+
+    # -- shared with other clients on purpose (_shared) -----------------------------
+    def share_on(self, sharing: Any, nodes: Mapping[str, Any], session: str) -> dict[str, Any]:
+        """Joins the shared trainer of its key on the host installing its catalog (the
+        host calls this with what it shares, ``sharing``, the catalog's nodes and the
+        session's name), starting it if it is the first; answers the nodes to put in
+        the catalog instead: the shared node, where this catalog has its own copy. A
+        trainer the shared one is not alike to is refused (DeclarationError), with
+        nothing changed."""
+        if self._shared is None:
+            return {}
+        me = next((n for n, impl in nodes.items() if impl is self), "?")
+        group = sharing.table.get(self._shared)
+        if group is None:
+            if not _STARTS:
+                raise DeclarationError(
+                    f"node {me!r} is trained shared={self._shared!r}, and nothing in this "
+                    "process starts a shared trainer; import somatize.torch on the worker")
+            group = sharing.table[self._shared] = _STARTS[0](self._shared, self, me, sharing.lock)
+        else:
+            group.admit(self, me)
+        mine = self._node
+        group.join(session, self)
+        self._group, self._label, self._node, self._built = group, session, group.node, None
+        return {n: group.node for n, impl in nodes.items() if impl is mine and impl is not group.node}
+
+    def unshare(self) -> None:
+        """Its session was let go on its host: it owes the shared trainer nothing."""
+        if self._group is not None:
+            self._group.leave(self._label)
+
+    @property
+    def group(self) -> Any:
+        """The shared trainer it joined where it runs (``_shared.Shared``), or None."""
+        return self._group
+
+    @property
+    def label(self) -> str:
+        """Its session, as its shared trainer's order names it ("" until it joined)."""
+        return self._label
+
+    def in_flight(self) -> bool:
+        """Whether a forward of its still waits for its gradient."""
+        return bool(self._owed)
+
+    def forget(self, why: str) -> None:
+        """Lets go of every activation still owed a gradient, and says why to the
+        gradient that comes for one later."""
+        if self._owed:
+            self._owed.clear()
+        self._held = self._given = None
+        self._forgotten = why
 
     def fresh_optimizer(self) -> Any:
         """An optimizer built as its own would be, over what is here, and kept by
@@ -283,6 +371,9 @@ class Learning(Node):
         arrives is passed on to whoever fed the node."""
         if carries(value):
             return value
+        if self._group is not None:
+            self._group.enters(self._label, self)
+        self._forgotten = None
         if self._audit is not None and self._piece == 0:
             if not self._audit.watching:
                 self._audit.by_hand(self._audited_as, self._node)
@@ -308,7 +399,8 @@ class Learning(Node):
             (key, asked), = value.items()
             handler = _ANSWERED.get(key)
             if handler is not None:
-                return {key: handler(self, asked)}
+                with self._own_gradients():
+                    return {key: handler(self, asked)}
             if type(key) is str and key.startswith(RESERVED):  # kept, it would answer nonsense
                 raise DeclarationError(
                     f"the message {key!r} reached the trainer of a {type(self._node).__qualname__}"
@@ -317,6 +409,8 @@ class Learning(Node):
         self._held = value
         if self._owed:
             self._owed[-1][1] = value
+        if self._group is not None:
+            self._group.log(self._label, "forward")
         if self._audit is not None:
             self._audit.saw(value)
         return Opaque(value.detach()) if isinstance(value, torch.Tensor) else value
@@ -339,7 +433,10 @@ class Learning(Node):
         self._closing = closing(value)
         signal = gradient(value, ctx.device)
         stepped = self._held is not None or signal is not None  # not update()'s message
-        answer = self.learn(signal, ctx)
+        if self._group is not None and stepped:
+            self._group.log(self._label, "gradient")
+        with self._own_gradients():
+            answer = self.learn(signal, ctx)
         ended = self.closes()
         self._taken = 0 if ended else self._taken + 1
         self._closing = False
@@ -354,6 +451,21 @@ class Learning(Node):
         if health:
             said[HEALTH] = health
         return said
+
+    @contextlib.contextmanager
+    def _own_gradients(self):
+        """A shared trainer's own open group of gradients on the node while it learns
+        or answers, and off it after, so no other client's adds to it."""
+        group = self._group
+        if group is None:
+            yield
+            return
+        group.lend(self._grads)
+        try:
+            yield
+        finally:
+            self._grads = group.take()
+            group.drain()
 
     def learn(self, signal: torch.Tensor | None, ctx: Ctx) -> Any:
         """Handed dL/d(what the node produced) — None when nobody owes it anything this

@@ -295,9 +295,14 @@ class StagedDriver:
     def weights(self, node: str) -> dict[str, Any]:
         """The weights of a trained node as they are where it runs: asked of its
         trainer, walked back like a gradient, since that is the channel there is."""
-        answer = Pass().back(self.private, [node], {node: {ASKING: True}}, [node],
+        return self.ask(node, ASKING, True)
+
+    def ask(self, node: str, key: str, asked: Any) -> Any:
+        """What the trainer of ``node`` answers to the message ``{key: asked}`` where
+        it runs (see ``_learning.answers``)."""
+        answer = Pass().back(self.private, [node], {node: {key: asked}}, [node],
                              broker=self.broker)
-        return answer[node][ASKING]
+        return answer[node][key]
 
     def load(self, node: str, weights: Any, *, check_only: bool) -> None:
         """Hands a trained node's weights to its trainer where it runs, the way

@@ -49,6 +49,7 @@ from ._checks import (
 )
 from ._checkpoint import Run, keep, kept_by, seed_all, take_up
 from ._pipeline import pipelined, worthwhile
+from ._shared import ORDER
 from ._staged import StagedDriver
 from ._tensors import tensors_in
 from ._weights import (
@@ -444,6 +445,20 @@ class Trainer:
         frozen = [n for n in here if n in self._graph.frozen()]
         if frozen:
             freeze(self._graph, *frozen)
+
+    def shared_order(self, node: str) -> dict[str, Any]:
+        """What the shared trainer of ``node`` (``Split(..., shared=key)``) did, in the
+        order its host did it: ``{"order": [[client, event], ...], "you": client, "key":
+        key, "logged": n}``, each client named by its session, ``you`` being this
+        Trainer's, and each event a ``forward``, a ``gradient``, an ``update`` or, for a
+        client that stalled mid-step past the others' patience, ``dropped``. Replaying
+        it in one process gives the very numbers the host computed."""
+        far = self._trained_far()
+        if node not in far:
+            raise DeclarationError(
+                f"node {node!r} is not trained on a worker by this Trainer (trained there: "
+                f"{sorted(far) or 'none'}); only a trainer on a worker can be shared")
+        return self._staged.ask(node, ORDER, True)
 
     def _trained_far(self) -> dict[str, str]:
         """The nodes trained on a worker, and their hosts: their weights live there."""

@@ -12,6 +12,7 @@ so a slice runs one way whichever way it came.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import hashlib
 import threading
 import time
@@ -26,8 +27,8 @@ from .._slices import Slice
 from .catalog import build, catalog_id, pack_values, unpack_values
 from .log import say
 
-__all__ = ["Answer", "Holding", "Refused", "Sessions", "Tenant", "answer", "provisioned",
-           "refused_catalog", "short"]
+__all__ = ["Answer", "Holding", "Refused", "Sessions", "Sharing", "Tenant", "answer",
+           "provisioned", "refused_catalog", "short"]
 
 # The engine's own bracket of a walk; the client brackets the forward itself.
 _BRACKET = frozenset(("began", "finished"))
@@ -65,15 +66,70 @@ class Holding:
 
 class Tenant:
     """One session's hold on a host: its catalog, the graph built from it, whether its
-    owner said it keeps state here, and whether a slice has run in it since."""
+    owner said it keeps state here, whether a slice has run in it since, and the nodes
+    of it that share something with other sessions (``Sharing``)."""
 
-    __slots__ = ("catalog", "graph", "keeps", "live", "lock", "used")
+    __slots__ = ("catalog", "graph", "keeps", "live", "lock", "shares", "used")
 
-    def __init__(self, catalog: str, graph: Any, keeps: bool):
-        self.catalog, self.graph, self.keeps = catalog, graph, keeps
+    def __init__(self, catalog: str, graph: Any, keeps: bool, shares: tuple = ()):
+        self.catalog, self.graph, self.keeps, self.shares = catalog, graph, keeps, shares
         self.live = False
         self.lock = threading.Lock()  # a session's slices run one at a time
         self.used = time.monotonic()
+
+
+class Sharing:
+    """What the sessions of one host share on purpose, and the lock they share it under.
+
+    Sessions never see each other's nodes unless a node asks to: a node with a
+    ``share_on(sharing, nodes, session)`` method is called when its session's catalog is
+    installed, puts what it shares in ``table`` under a key of its own (a shared trainer
+    of ``somatize.torch``, most often), and answers which nodes of the catalog to put the
+    shared ones in place of; ``unshare()`` is called when the session is let go. Every
+    slice of a session that shares runs holding ``lock``, so what is shared is touched by
+    one slice at a time; a node that must wait for the others' slices waits on it (a
+    condition), which lets them run meanwhile.
+    """
+
+    def __init__(self) -> None:
+        self.table: dict[str, Any] = {}
+        self.lock = threading.Condition()
+
+    def joined(self, graph: Any, session: bytes) -> tuple[Any, tuple]:
+        """``graph`` with what its nodes share put in, and the nodes that share."""
+        sharers = [impl for impl in graph.impls.values()
+                   if callable(getattr(type(impl), "share_on", None))]
+        if not sharers:
+            return graph, ()
+        swapped: dict[str, Any] = {}
+        with self.lock:
+            for k, impl in enumerate(sharers):
+                try:
+                    swapped.update(impl.share_on(self, graph.impls, session.hex()[:12]))
+                except BaseException:  # all of a catalog shares, or none of it
+                    for joined in sharers[:k]:
+                        joined.unshare()
+                    raise
+        if swapped:
+            graph = dataclasses.replace(graph, impls={**graph.impls, **swapped}, memo={})
+        return graph, tuple(sharers)
+
+    def left(self, shares: tuple) -> None:
+        """The nodes of a session let go stop sharing."""
+        if shares:
+            with self.lock:
+                for impl in shares:
+                    impl.unshare()
+
+    def sweep(self, now: float, lease: float) -> None:
+        """Lets go of what nobody has shared for longer than ``lease`` seconds."""
+        with self.lock:
+            for key, shared in list(self.table.items()):
+                idle = shared.idle_for(now)
+                if idle > lease:
+                    del self.table[key]
+                    say("shared %r let go: nobody trained it for %.0f s (--session-lease %g)",
+                        key, idle, lease)
 
 
 class Refused(Exception):
@@ -97,6 +153,8 @@ class Sessions:
         self._held: collections.OrderedDict[bytes, Tenant] = collections.OrderedDict()
         self._gone: collections.OrderedDict[bytes, str] = collections.OrderedDict()
         self._lock = threading.Lock()
+        self.sharing = Sharing()
+        self._leaving: list[tuple] = []  # what sessions forgotten under the lock shared
 
     def __len__(self) -> int:
         with self._lock:
@@ -108,11 +166,12 @@ class Sessions:
         with self._lock:
             self._expire(time.monotonic())
             tenant = self._held.get(session)
-            if tenant is None:
-                return None, self._gone.get(session)
-            tenant.used = time.monotonic()
-            self._held.move_to_end(session)
-            return tenant, None
+            if tenant is not None:
+                tenant.used = time.monotonic()
+                self._held.move_to_end(session)
+            gone = None if tenant is not None else self._gone.get(session)
+        self._let_go()
+        return tenant, gone
 
     def admits(self, session: bytes, ident: str) -> None:
         """Refuses a catalog this session may not take (see the class); checked before
@@ -131,18 +190,34 @@ class Sessions:
         nothing, so its nodes' live state survives being provisioned twice."""
         self.admits(session, ident)
         with self._lock:
-            now = time.monotonic()
-            self._expire(now)
             tenant = self._held.get(session)
             if tenant is not None and tenant.catalog == ident:
                 tenant.keeps = tenant.keeps or keeps
                 return
-            if tenant is None and len(self._held) >= self.most:
-                self._make_room(now)
-            self._held[session] = Tenant(ident, graph, keeps)
-            self._held.move_to_end(session)
-            self._gone.pop(session, None)
-            count = len(self._held)
+        self.sharing.sweep(time.monotonic(), self.lease)
+        try:  # before it is held: a node refused there leaves everything as it was
+            graph, shares = self.sharing.joined(graph, session)
+        except SomaError as exc:
+            raise Refused(f"{exc} (session {session.hex()[:12]})") from exc
+        try:
+            with self._lock:
+                now = time.monotonic()
+                self._expire(now)
+                tenant = self._held.get(session)
+                if tenant is None and len(self._held) >= self.most:
+                    try:
+                        self._make_room(now)
+                    except Refused:
+                        self._leaving.append(shares)
+                        raise
+                self._held[session] = Tenant(ident, graph, keeps, shares)
+                self._held.move_to_end(session)
+                self._gone.pop(session, None)
+                count = len(self._held)
+                if tenant is not None:
+                    self._leaving.append(tenant.shares)
+        finally:
+            self._let_go()
         verb = "replaces its catalog with" if tenant is not None else "holds"
         self._routine("session %s %s catalog %s: %s (%d session%s held)", session.hex()[:12], verb,
                     short(ident), _held_nodes(graph), count, "" if count == 1 else "s")
@@ -152,7 +227,8 @@ class Sessions:
         with self._lock:
             tenant = self._held.pop(session, None)
             if tenant is not None:
-                self._forget(session, "its owner closed it")
+                self._forget(session, "its owner closed it", tenant)
+        self._let_go()
         if tenant is not None:
             self._routine("session %s closed by its owner", session.hex()[:12])
         return tenant is not None
@@ -164,7 +240,7 @@ class Sessions:
             if idle > self.lease and not tenant.lock.locked():
                 del self._held[session]
                 self._forget(session, f"it was idle for {idle:.0f} s, past this worker's "
-                                      f"lease of {self.lease:g} s (--session-lease)")
+                                      f"lease of {self.lease:g} s (--session-lease)", tenant)
                 say("session %s let go: idle for %.0f s (--session-lease %g)", session.hex()[:12],
                     idle, self.lease)
 
@@ -179,14 +255,24 @@ class Sessions:
         del self._held[session]
         self._forget(session, f"this worker holds at most {self.most} sessions "
                               "(--max-sessions) and needed room for a newer one after it "
-                              f"was idle {now - tenant.used:.0f} s")
+                              f"was idle {now - tenant.used:.0f} s", tenant)
         say("session %s let go to make room (at most %d: --max-sessions)", session.hex()[:12],
             self.most)
 
-    def _forget(self, session: bytes, why: str) -> None:
+    def _forget(self, session: bytes, why: str, tenant: Tenant) -> None:
+        """Remembers why a session went (under the lock), and what it shared, for
+        ``_let_go``."""
         self._gone[session] = why
         while len(self._gone) > _GONE:
             self._gone.popitem(last=False)
+        if tenant.shares:
+            self._leaving.append(tenant.shares)
+
+    def _let_go(self) -> None:
+        """What the sessions just forgotten shared stops being shared; called with the
+        sessions' lock released, as the sharing lock is taken after it, never before."""
+        while self._leaving:
+            self.sharing.left(self._leaving.pop())
 
 
 def _held_nodes(graph: Any) -> str:
@@ -255,8 +341,12 @@ def answer(sessions: Sessions, head: Any, buffers: list[Any], holding: Holding) 
         given[ref] = wrap(holding.held[ref])
     with tenant.lock:  # one session's slices one at a time, whoever sends them
         tenant.live = True
-        return _run(tenant.graph, nodes, wanted, given, Opaque(values.get("i")),
-                    bool(head.get("x")), bool(head.get("t")), holding)
+        if not tenant.shares:
+            return _run(tenant.graph, nodes, wanted, given, Opaque(values.get("i")),
+                        bool(head.get("x")), bool(head.get("t")), holding)
+        with sessions.sharing.lock:  # what is shared, by one slice at a time
+            return _run(tenant.graph, nodes, wanted, given, Opaque(values.get("i")),
+                        bool(head.get("x")), bool(head.get("t")), holding)
 
 
 def _run(graph: Any, nodes: list[str], wanted: list[str], given: dict[str, Any], input: Any,

@@ -1,0 +1,235 @@
+"""Many clients, one server half (``Split(..., shared=key)``, somatize.torch._shared),
+against real worker processes: every run is compared with one process replaying, in
+plain torch with one body, the order the worker says it took — losses ``==``, weights
+``torch.equal`` — with clients taking turns (relay) and stepping at the same time."""
+
+import copy
+import threading
+import uuid
+
+import pytest
+import torch
+from splitnets import Lin
+
+from somatize import Broker, DeclarationError, Graph, Worker
+from somatize.torch import Split, Trainer, parameters
+
+mse = torch.nn.functional.mse_loss
+RATES = {torch.optim.SGD: 0.1, torch.optim.Adam: 1e-2}
+OPTIMIZERS = pytest.mark.parametrize("optimizer", [torch.optim.SGD, torch.optim.Adam],
+                                     ids=["sgd", "adam"])
+
+
+@pytest.fixture(scope="module")
+def worker():
+    with Worker.generic(mode="network", send=["splitnets"]) as w:
+        yield w
+
+
+class Client:
+    """One data holder: its encoder and head here, the shared body on the worker, its
+    own connection to it, and copies of where it started, for the replay."""
+
+    def __init__(self, worker, key, optimizer, seed, body_seed, width=6):
+        torch.manual_seed(seed)
+        encoder, head = Lin(8, 8), None
+        torch.manual_seed(body_seed)
+        body = Lin(8, width)
+        torch.manual_seed(seed + 100)
+        head = Lin(width, 1, relu=False)
+        self.start = {"encoder": copy.deepcopy(encoder.lin), "body": copy.deepcopy(body.lin),
+                      "head": copy.deepcopy(head.lin)}
+        g = Graph.somatize(encoder.named("encoder") >> body.named("body").at("gpu")
+                           >> head.named("head"))
+        lr = RATES[optimizer]
+        trains = {"body": Split(optimizer, lr=lr, shared=key)}
+        own = Worker.at("%s:%d" % worker.address("gpu"), mode="network", send=["splitnets"],
+                        token=worker.token)
+        self.trainer = Trainer(g, objective=mse, trains=trains,
+                               broker=Broker.embedded({"gpu": own}),
+                               optimizer=optimizer(parameters(g, without=trains), lr=lr))
+        self.data = batches(5, seed=seed)
+        self.losses = []
+
+    def step(self, k):
+        self.losses.append(self.trainer.step(self.data[k % len(self.data)]))
+
+
+def batches(n, seed):
+    generator = torch.Generator().manual_seed(seed)
+    return [(torch.randn(16, 8, generator=generator), torch.randn(16, 1, generator=generator))
+            for _ in range(n)]
+
+
+def replay(clients, said, optimizer, first):
+    """The same training in one process, with one body (``first``'s start), in the order
+    the worker said: what each client's losses and weights would be."""
+    lr = RATES[optimizer]
+    body = copy.deepcopy(clients[first].start["body"])
+    body_opt = optimizer(body.parameters(), lr=lr)
+    by_label = {c.label: c for c in clients}
+    mine = {}
+    for c in clients:
+        encoder, head = copy.deepcopy(c.start["encoder"]), copy.deepcopy(c.start["head"])
+        mine[c.label] = {"encoder": encoder, "head": head, "taken": 0, "losses": [],
+                         "opt": optimizer(list(encoder.parameters()) + list(head.parameters()),
+                                          lr=lr), "flight": [], "due": None}
+    for label, event in said:
+        me, c = mine[label], by_label[label]
+        if event == "forward":
+            x, y = c.data[me["taken"] % len(c.data)]
+            me["taken"] += 1
+            h = me["encoder"](x).relu()
+            leaf = h.detach().requires_grad_()
+            me["flight"].append((y, h, leaf, body(leaf).relu()))
+        elif event == "gradient":
+            y, h, leaf, out = me["flight"].pop(0)
+            seam = out.detach().requires_grad_()
+            loss = mse(me["head"](seam), y)
+            me["opt"].zero_grad()
+            loss.backward()
+            for p in body.parameters():
+                p.grad = None
+            out.backward(seam.grad)
+            me["due"] = [p.grad for p in body.parameters()]
+            for p in body.parameters():
+                p.grad = None
+            h.backward(leaf.grad)
+            me["opt"].step()
+            me["losses"].append(loss.item())
+        elif event == "update":
+            for p, g in zip(body.parameters(), me["due"]):
+                p.grad = g
+            body_opt.step()
+            for p in body.parameters():
+                p.grad = None
+        else:
+            raise AssertionError(f"an event the replay does not know: {event}")
+    return body, mine
+
+
+def checked_against_replay(clients, optimizer, first):
+    said = clients[0].trainer.shared_order("body")
+    for c in clients:
+        c.label = c.trainer.shared_order("body")["you"]
+    events = [tuple(e) for e in said["order"]]
+    assert said["logged"] == len(events) and "dropped" not in {e for _, e in events}
+    body, mine = replay(clients, events, optimizer, first)
+    for c in clients:
+        assert c.losses == mine[c.label]["losses"]
+        weights = c.trainer.export()
+        for name, module in (("encoder", mine[c.label]["encoder"]),
+                             ("head", mine[c.label]["head"]), ("body", body)):
+            for key, value in module.state_dict().items():
+                assert torch.equal(weights[name]["lin." + key], value), (c.label, name, key)
+    return events
+
+
+@OPTIMIZERS
+def test_a_relay_of_three_clients_is_one_body_trained_in_turn(worker, optimizer):
+    key = uuid.uuid4().hex
+    # each brings a body of its own; the first to arrive provides the shared one
+    clients = [Client(worker, key, optimizer, seed=s, body_seed=10 + s) for s in range(3)]
+    for _ in range(2):  # twice round, five steps each
+        for c in clients:
+            for k in range(5):
+                c.step(k)
+    events = checked_against_replay(clients, optimizer, first=0)
+    assert len(events) == 3 * 2 * 5 * 3  # forward, gradient, update: nothing ever waited
+    for c in clients:
+        c.trainer.close()
+
+
+def concurrently(clients, steps):
+    ready = threading.Barrier(len(clients))
+    failures = []
+
+    def run(c):
+        try:
+            ready.wait()
+            for k in range(steps):
+                c.step(k)
+        except BaseException as exc:  # said below, with the client it happened to
+            failures.append(exc)
+
+    threads = [threading.Thread(target=run, args=(c,)) for c in clients]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not failures, failures
+    assert not any(t.is_alive() for t in threads)
+
+
+def interleaved(events):
+    """Whether some client's forward fell between another's forward and gradient."""
+    open_ = set()
+    for label, event in events:
+        if event == "forward":
+            if open_ - {label}:
+                return True
+            open_.add(label)
+        elif event == "gradient":
+            open_.discard(label)
+    return False
+
+
+@OPTIMIZERS
+def test_three_clients_stepping_at_once_are_the_replay_of_the_order_taken(worker, optimizer):
+    key = uuid.uuid4().hex
+    clients = [Client(worker, key, optimizer, seed=s, body_seed=7) for s in range(3)]
+    concurrently(clients, steps=5)
+    checked_against_replay(clients, optimizer, first=0)  # one body start for all
+    for c in clients:
+        c.trainer.close()
+
+
+@pytest.mark.slow
+def test_twenty_concurrent_runs_never_crash_never_mix(worker):
+    mixed = 0
+    for repeat in range(20):
+        key = uuid.uuid4().hex
+        optimizer = (torch.optim.SGD, torch.optim.Adam)[repeat % 2]
+        clients = [Client(worker, key, optimizer, seed=s, body_seed=7) for s in range(3)]
+        concurrently(clients, steps=5)
+        events = checked_against_replay(clients, optimizer, first=0)
+        mixed += interleaved(events)
+        for c in clients:
+            c.trainer.close()
+    assert mixed, "no run interleaved the clients, so nothing here was tested at the same time"
+
+
+def test_a_client_unlike_the_shared_trainer_is_refused_naming_both(worker):
+    key = uuid.uuid4().hex
+    first = Client(worker, key, torch.optim.SGD, seed=0, body_seed=7)
+    first.step(0)
+    other = Client(worker, key, torch.optim.SGD, seed=1, body_seed=7, width=5)
+    with pytest.raises(DeclarationError) as caught:
+        other.step(0)
+    said = str(caught.value)
+    assert "float32[6, 8]" in said and "float32[5, 8]" in said and repr(key) in said
+    also = Client(worker, key, torch.optim.Adam, seed=2, body_seed=7)
+    with pytest.raises(DeclarationError, match="Adam"):
+        also.step(0)
+    # and the refusals changed nothing: the first trains on as if alone
+    first.step(1)
+    events = checked_against_replay([first], torch.optim.SGD, first=0)
+    assert len(events) == 6
+
+
+def test_a_shared_trainer_that_runs_here_warns_and_trains_alone():
+    torch.manual_seed(0)
+    g = Graph.somatize(Lin(8, 8).named("encoder") >> Lin(8, 6).named("body")
+                       >> Lin(6, 1, relu=False).named("head"))
+    trains = {"body": Split(torch.optim.SGD, lr=0.1, shared="body")}
+    with pytest.warns(UserWarning, match=r"'body' is trained shared='body' and runs here"):
+        t = Trainer(g, objective=mse, trains=trains,
+                    optimizer=torch.optim.SGD(parameters(g, without=trains), lr=0.1))
+    x, y = batches(1, seed=0)[0]
+    assert t.step((x, y)) > t.step((x, y))  # it trains, as any Split here does
+
+
+@pytest.mark.parametrize("key", ["", 3])
+def test_a_key_is_a_non_empty_str(key):
+    with pytest.raises(TypeError, match="non-empty str"):
+        Split(torch.optim.SGD, lr=0.1, shared=key)
