@@ -120,3 +120,21 @@ def test_a_call_past_its_deadline_is_a_wire_error_and_the_worker_serves_on(stand
         assert counting().forward(0, broker={"w": w}) == 1  # a new connection, served
     with pytest.raises(DeclarationError, match="deadline is a positive number"):
         Worker.at(worker.addr, token=TOKEN, deadline=0)
+
+
+
+def test_a_socket_link_counts_the_bytes_each_way(standing):
+    worker = standing()
+    with Worker.at(worker.addr, token=TOKEN) as w:
+        assert w.link.traffic() == {"sent": 0, "received": 0}
+        g = counting()
+        g.forward(0, broker={"w": w})
+        first = w.link.traffic()
+        assert first["sent"] > 0 and first["received"] > 0
+        big = bytes(200_000)
+        g.forward(big, broker={"w": w})
+        then = w.link.traffic()
+        # what was sent grew by at least the value, and the answer came back small
+        assert then["sent"] - first["sent"] >= len(big)
+        assert then["received"] - first["received"] < 2_000
+    assert Worker.in_process().link.traffic() is None  # a link that counts nothing says so

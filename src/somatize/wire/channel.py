@@ -68,6 +68,7 @@ class Channel:
         self._ahead = memoryview(bytearray(_AHEAD))
         self._lo = self._hi = 0
         self.most: int | None = None  # the largest frame the far side said it accepts
+        self.sent = self.received = 0  # bytes of whole frames, each way, over its life
 
     @property
     def duplex(self) -> bool:
@@ -85,8 +86,11 @@ class Channel:
         with self.lock:
             pieces = encode(kind, header, list(buffers), self.keyed, sealed, self.most)
             if reading is None or not self._gather:
-                return self._send_pieces(pieces)
-            return self._send_reading(pieces, reading)
+                size = self._send_pieces(pieces)
+            else:
+                size = self._send_reading(pieces, reading)
+            self.sent += size
+            return size
 
     def send_if(self, kind: str, still: Any) -> bool:
         """Sends a frame with no header or buffers, if ``still()`` holds once no other
@@ -174,6 +178,7 @@ class Channel:
             self._fill(memoryview(trailer), deadline=deadline)
             check_seal(self.keyed, seq, mac, buffers, trailer)  # type: ignore[arg-type]
         size = PREFIX + header_len + body_len + (MAC_SIZE if flags & SEALED else 0)
+        self.received += size
         return Frame(kind, head, buffers, size, bool(flags & SEALED),
                      (time.perf_counter_ns() - began) // 1000)
 

@@ -58,6 +58,7 @@ class SocketLink(Link):
         self.instance: str | None = None  # the worker process the connection reaches
         self.inflight: collections.deque[SocketPending] = collections.deque()
         self._sending = False
+        self._carried = [0, 0]  # bytes sent and received on connections since dropped
 
     # -- a slice --------------------------------------------------------------------
     def run(self, request: Request) -> Outcome:
@@ -444,8 +445,18 @@ class SocketLink(Link):
             f"host {host!r} ({self.worker.where(host)}) closed the connection {doing}: the "
             f"worker died or dropped us ({exc}){hint or '; its log says why'}", host=host)
 
+    def traffic(self) -> dict[str, int]:
+        """The bytes of every frame sent to the worker and received from it, over this
+        link's life (handshakes, catalogs, slices and answers, MACs included)."""
+        channel = self.channel
+        now = (channel.sent, channel.received) if channel is not None else (0, 0)
+        return {"sent": self._carried[0] + now[0], "received": self._carried[1] + now[1]}
+
     def _drop(self) -> None:
         channel, self.channel = self.channel, None
+        if channel is not None:
+            self._carried[0] += channel.sent
+            self._carried[1] += channel.received
         if self.inflight:
             where = self.worker.where(self.inflight[0].host)
             self._fail_inflight(WireError(

@@ -144,10 +144,16 @@ class Link:
     trip. ``ordered`` says that a host runs one caller's requests in the order they
     were submitted, which lets a wave and a pipeline send ahead. ``end`` tells the host
     a session is over, ``close`` lets the transport go. ``instance`` names the host
-    process the link reaches, so a session can tell that it restarted."""
+    process the link reaches, so a session can tell that it restarted. ``traffic``
+    says the bytes that crossed, where the transport counts them."""
 
     ordered = True
     instance: str | None = None
+
+    def traffic(self) -> dict[str, int] | None:
+        """``{"sent": bytes, "received": bytes}`` over the link's life, or None where
+        this transport does not count what it carries."""
+        return None
 
     def submit(self, request: Request) -> Pending:
         raise NotImplementedError(f"{type(self).__qualname__} does not say how it sends a slice")
