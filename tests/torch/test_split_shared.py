@@ -4,8 +4,12 @@ plain torch with one body, the order the worker says it took — losses ``==``, 
 ``torch.equal`` — with clients taking turns (relay) and stepping at the same time."""
 
 import copy
+import os
+import subprocess
+import sys
 import threading
 import uuid
+from pathlib import Path
 
 import pytest
 import torch
@@ -233,3 +237,28 @@ def test_a_shared_trainer_that_runs_here_warns_and_trains_alone():
 def test_a_key_is_a_non_empty_str(key):
     with pytest.raises(TypeError, match="non-empty str"):
         Split(torch.optim.SGD, lr=0.1, shared=key)
+
+
+# -- the example: the paradigms, each with real client processes and one worker
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "split_clients.py"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["relay", "parallel", "splitfed"])
+def test_the_example_trains_every_paradigm(mode):
+    src = str(EXAMPLE.parents[1] / "src")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, str(EXAMPLE), "--clients", "2", "--mode", mode,
+                           "--steps", "40"], env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [line.split() for line in done.stdout.splitlines() if line[:6].strip().isdigit()]
+    assert [int(r[0]) for r in rows] == [0, 1], done.stdout
+    for r in rows:
+        first, last, accuracy, out, back = float(r[2]), float(r[4]), float(r[5]), r[6], r[7]
+        assert last < first and accuracy > 0.3, done.stdout  # it learnt: chance is 0.1
+        # an activation of 32 x 48 float32 each way at the least, and its gradient
+        assert int(out) > 2 * 32 * 48 * 4 and int(back) > 2 * 32 * 48 * 4, done.stdout
+    if mode == "splitfed":  # one average, so one model, whichever client holds it
+        assert rows[0][5] == rows[1][5], done.stdout
