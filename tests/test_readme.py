@@ -76,6 +76,7 @@ SURVIVING = "A run that survives its machine"
 WORKER = "A worker on another machine"
 BUCKET = "A store on a bucket"
 FEDERATED = "Federated rounds, and the same on Slurm"
+SHARED = "Many data holders, one server half"
 
 # Which test runs each block; the test below holds this to the README.
 RUN_BY = {
@@ -92,6 +93,7 @@ RUN_BY = {
     (BUCKET, "python", 0): "test_the_bucket_block",
     (FEDERATED, "bash", 0): "test_federated_rounds_on_this_machine",
     (FEDERATED, "bash", 1): "test_the_slurm_blocks_run_where_slurm_is",
+    (SHARED, "bash", 0): "test_many_clients_share_one_server_half",
 }
 
 
@@ -244,6 +246,14 @@ def test_federated_rounds_on_this_machine(tmp_path):
     done = run("bash", block(FEDERATED, "bash").text, folder(tmp_path), timeout=290)
     assert done.stdout.count("4 clients x 3 rounds via processes") == 1, done.stdout
     assert "via submitit" in done.stdout
+
+
+def test_many_clients_share_one_server_half(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("sklearn")
+    done = run("bash", block(SHARED, "bash").text, folder(tmp_path), timeout=290)
+    assert "2 clients, parallel, 40 steps each, one worker" in done.stdout, done.stdout
+    assert "mean accuracy" in done.stdout, done.stdout
 
 
 @pytest.mark.parametrize("key", [(SURVIVING, "bash", 0), (FEDERATED, "bash", 1)])

@@ -1,4 +1,5 @@
-"""The host a Ray actor is: a worker's shelf and holdings, run one call at a time.
+"""The host a Ray actor is: a worker's shelf and holdings, for one caller at a time or,
+named, for several at once.
 
 It holds nothing a socket worker does not: a catalog per client session, what stayed
 for the current forward, and the code that runs a slice (``somatize.wire.host``), the
@@ -28,7 +29,9 @@ class Host:
     def __init__(self) -> None:
         say.routine_too = False  # Ray forwards an actor's stderr to the client's terminal
         self.sessions = Sessions()
-        self.holding = Holding()
+        # What stayed for a forward, per session: a named actor runs several clients'
+        # calls at once, and one's forward must not clear another's.
+        self.holdings: dict[bytes, Holding] = {}
         self.instance = uuid.uuid4().hex
 
     def ready(self) -> dict[str, Any]:
@@ -64,8 +67,15 @@ class Host:
     def slice(self, head: dict[str, Any], *buffers: Any) -> tuple:
         """Runs one slice in the session its header names; answers ``(kind, header,
         buffers)`` as the socket worker's reply frame would hold them."""
+        session = head.get("s") if type(head) is dict else None
+        holding = self.holdings.get(session) if type(session) is bytes else None
+        if holding is None:
+            if len(self.holdings) > self.sessions.most:  # let go of sessions now gone
+                for gone in [s for s in self.holdings if s not in self.sessions]:
+                    del self.holdings[gone]
+            holding = self.holdings.setdefault(session, Holding())
         try:
-            reply = answer(self.sessions, head, joined(buffers), self.holding)
+            reply = answer(self.sessions, head, joined(buffers), holding)
         except ProtocolError as exc:
             return "error", {"e": "ProtocolError", "m": str(exc)}, []
         if reply.said is not None:
@@ -74,6 +84,7 @@ class Host:
 
     def end(self, session: bytes) -> bool:
         """Lets go of a session its owner closed."""
+        self.holdings.pop(session, None)
         return self.sessions.end(session)
 
     def echo(self, value: Any) -> Any:

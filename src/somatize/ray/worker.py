@@ -25,8 +25,10 @@ from ..wire.transport import (Link, Pending, Place, Request, Tenancy, catalog_re
                               outcome_of, state_lost)
 from .actor import Host
 
-__all__ = ["RayWorker"]
+__all__ = ["NAMESPACE", "RayWorker"]
 
+NAMESPACE = "somatize"  # where a named actor is, so every client's driver finds it
+_CONCURRENT = 64  # calls a named actor runs at once: one client may wait for another's
 _PUT = 1 << 16  # buffers this large are put in the store before the call, not inside it
 _STARTUP = 60.0  # how long the cluster may take to place an actor (a node may be starting)
 _GONE = (ray.exceptions.RayActorError, ray.exceptions.TaskCancelledError,
@@ -55,17 +57,23 @@ class RayWorker(Place):
     def __init__(self, mode: str = "project", send: Any = (), *, num_cpus: float | None = None,
                  num_gpus: float | None = None, resources: dict[str, float] | None = None,
                  runtime_env: dict[str, Any] | None = None, max_restarts: int = 3,
-                 timeout: float | None = None, deadline: float | None = None):
+                 timeout: float | None = None, deadline: float | None = None,
+                 name: str | None = None):
         super().__init__(mode, send, timeout=timeout, deadline=deadline)
         # Placing an actor may wait for a node to start; a timeout said outright bounds it.
         self.placing = _STARTUP if timeout is None else self.timeout
         self.options = _options(num_cpus, num_gpus, resources, runtime_env, max_restarts)
+        self.name = _named(name, self.options)
         self._actor: Any = None
         self._where_said = "a Ray actor not started yet"
         self.closed = False
         self._start_lock = threading.Lock()
         self._link = RayLink(self)
-        self._wire = b"ray " + secrets.token_hex(16).encode()
+        # A named actor runs several clients' calls at once, so one caller's calls may
+        # run out of the order they were made in: nothing is sent ahead to it.
+        self._link.ordered = name is None
+        self._wire = (b"ray " + secrets.token_hex(16).encode() if name is None
+                      else b"ray named " + name.encode())
 
     def actor(self, host: str) -> Any:
         """The actor, started at first need and waited for until the cluster placed it."""
@@ -100,19 +108,35 @@ class RayWorker(Place):
         return self._actor
 
     def close(self) -> None:
-        """Cancels what is in flight and ends the actor."""
+        """Cancels what is in flight and ends the actor — unless it is named: that one
+        is every client's, and outlives each (``ray.kill(ray.get_actor(name,
+        namespace="somatize"))`` ends it)."""
         with self._start_lock:
             self.closed = True
             actor, self._actor = self._actor, None
         self._link.cancel()
-        if actor is not None:
+        if actor is not None and self.name is None:
             try:
                 ray.kill(actor, no_restart=True)
             except Exception:  # noqa: BLE001  (the cluster itself may be gone by now)
                 pass
 
     def __repr__(self) -> str:
-        return f"Worker.on_ray({_asked(self.options)}, mode={self.mode!r})"
+        named = f", name={self.name!r}" if self.name is not None else ""
+        return f"Worker.on_ray({_asked(self.options)}{named}, mode={self.mode!r})"
+
+
+def _named(name: Any, options: dict[str, Any]) -> str | None:
+    """Checks a name and has the options reach (or make) the one actor of that name,
+    which outlives the driver that made it and runs several clients' calls at once."""
+    if name is None:
+        return None
+    if type(name) is not str or not name:
+        raise DeclarationError(f"name= is the Ray actor's name every client reaches it by, a "
+                               f"non-empty str, not {name!r}")
+    options.update(name=name, namespace=NAMESPACE, get_if_exists=True, lifetime="detached",
+                   max_concurrency=_CONCURRENT)
+    return name
 
 
 def _options(num_cpus: Any, num_gpus: Any, resources: Any, runtime_env: Any,

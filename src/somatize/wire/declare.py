@@ -185,16 +185,19 @@ class Worker(Place):
                num_cpus: float | None = None, num_gpus: float | None = None,
                resources: dict[str, float] | None = None, runtime_env: dict[str, Any] | None = None,
                max_restarts: int = 3, timeout: float | None = None,
-               deadline: float | None = None) -> Worker:
+               deadline: float | None = None, name: str | None = None) -> Worker:
         """A worker that is a Ray actor, placed by the cluster where these resources
         are (``num_gpus=1``); ``runtime_env`` is handed to Ray as it is. It connects
         to the cluster ``ray.init`` did, or starts a local one. ``timeout`` bounds how
         long the cluster may take to place the actor (by default a minute: a node may
         be starting); Ray restarts an actor that died up to ``max_restarts`` times.
+        ``name`` makes it the one actor of that name on the cluster, which every client
+        naming it reaches, from any process — where clients share a trainer
+        (``Split(..., shared=key)``) — and which outlives them all, closing included.
         Needs the ``ray`` extra: ``pip install 'somatize[ray]'``."""
         return _placed("ray")(mode, send, num_cpus=num_cpus, num_gpus=num_gpus, resources=resources,
                     runtime_env=runtime_env, max_restarts=max_restarts, timeout=timeout,
-                    deadline=deadline)
+                    deadline=deadline, name=name)
 
     @classmethod
     def in_process(cls, mode: str = "network", send: Sequence[str] = (), *,

@@ -160,6 +160,10 @@ class Sessions:
         with self._lock:
             return len(self._held)
 
+    def __contains__(self, session: object) -> bool:
+        with self._lock:
+            return session in self._held
+
     def lookup(self, session: bytes) -> tuple[Tenant | None, str | None]:
         """The session's tenant, marked as just used; else None and why it is gone
         (None: never held here)."""
