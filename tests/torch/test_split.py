@@ -287,3 +287,20 @@ def test_every_declaration_of_a_graph_survives_rewiring():
             assert n in carried, f"rewired drops {name!r} of {n!r}"
             if isinstance(table, dict):
                 assert carried[n] == table[n]
+
+
+def test_a_value_taken_by_a_trainer_and_by_an_output_made_here_trains_bit_for_bit():
+    """The encoder feeds the trained body and an untrained output beside it: its graph
+    is walked back once, with both gradients (twice would be an autograd error)."""
+    def branched():
+        torch.manual_seed(0)
+        return Graph.somatize(Lin(8, 8).named("encoder")
+                              >> (Lin(8, 1).named("body") | Lin(8, 1).named("side")))
+    both = lambda out, y: mse(out["body"], y) + mse(out["side"], y)
+    one, cut = branched(), branched()
+    a = Trainer(one, objective=both, optimizer=torch.optim.SGD(parameters(one), lr=0.1))
+    trains = {"body": Split(torch.optim.SGD, lr=0.1)}
+    b = Trainer(cut, objective=both, trains=trains,
+                optimizer=torch.optim.SGD(parameters(cut, without=trains), lr=0.1))
+    assert [a.step(batch) for batch in batches()] == [b.step(batch) for batch in batches()]
+    assert all(torch.equal(x, y) for x, y in zip(weights(one), weights(cut)))

@@ -149,8 +149,12 @@ class StagedDriver:
                         "two different batches would be kept under one name; cache only in "
                         "front of the first trained or remote node"
                     )
-        self.through = {n for stage in self.stages for n in stage.untrained_here
-                        if n in self.leaves}
+        # An output made here keeps its graph, so the objective's backward runs straight
+        # through its stage — unless a later stage sends that stage gradients too: its
+        # graph is then walked back once, by the driver, with everything it is owed.
+        fed = {p for stage in self.stages for p in stage.outside}
+        self.through = {n for stage in self.stages if not fed & set(stage.nodes)
+                        for n in stage.untrained_here if n in self.leaves}
         self._backend = runner_of(broker)
         self.broker = self._session()
         self.store = store
