@@ -20,6 +20,15 @@ activation still owed a gradient, oldest first, and an envelope may carry a thir
 item, ``behind``: how many forwards ran after the one it is for (none, the newest,
 unless said). Older ones are a failed step's leftovers and are let go of.
 
+A trainer may be told to ``compress`` what crosses its cut: the activation it is given
+and the gradient it answers, what it makes and the gradient it is handed, each sent in
+a narrower floating type (bf16 or fp16) and widened back on arrival to the type it had.
+A narrowed tensor travels as ``{"__soma_narrowed__": [tensor, "float32"]}``, so the
+side that receives it tells it from a value by one dict lookup, as an envelope is told.
+Both ends round the same way whether the node runs here or on a worker, so a run here
+and the same run there stay ``==``; against full precision they differ by the rounding,
+which is why it is never on unless asked for.
+
 Anything else a trainer is told travels the same way, as a one-key dict walked back to
 it (export and load, a checkpoint kept or taken up), and is answered by the module
 whose feature it is: each says its handlers, ``somatize.torch`` registers them when it
@@ -40,12 +49,16 @@ from .._errors import DeclarationError, OutOfStep, whole_number
 from .._node import Ctx, Node, Opaque
 
 __all__ = ["Enters", "Learning", "Split", "answers", "carries", "envelope", "gradient",
-           "is_envelope"]
+           "is_envelope", "narrowed", "narrowing", "widened"]
 
 KEY = "__soma_envelope__"
 HEALTH = "__soma_health__"  # beside an envelope: the health facts of the trainers it passed
 MOST_OWED = 256  # forwards a trainer keeps waiting for their gradient; a pipeline runs fewer
 RESERVED = "__soma_"  # how every key somatize itself puts in a value begins
+NARROWED = "__soma_narrowed__"  # a tensor sent in a narrower type, and the type it had
+# What compress= takes, by name or as the torch dtype itself.
+_NARROWER = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
+             "float16": torch.float16, torch.bfloat16: torch.bfloat16, torch.float16: torch.float16}
 
 # What a trainer is told besides gradients: a reserved key, and who answers it.
 _ANSWERED: dict[str, Callable[[Learning, Any], Any]] = {}
@@ -77,6 +90,38 @@ def answers(handlers: Mapping[str, Callable[[Learning, Any], Any]]) -> None:
                                    f"{_ANSWERED[key].__qualname__} already; give "
                                    f"{handler.__qualname__} a key of its own")
     _ANSWERED.update(handlers)
+
+
+def narrowing(compress: Any, of: str = "Learning") -> torch.dtype | None:
+    """The floating type ``compress=`` names (None for None); anything else is refused,
+    naming what is taken."""
+    if compress is None:
+        return None
+    try:
+        return _NARROWER[compress]
+    except (KeyError, TypeError):
+        raise TypeError(f"{of}(compress=...) sends what crosses the cut in a narrower type: "
+                        f"'bf16' or 'fp16' (or torch.bfloat16, torch.float16), not "
+                        f"{compress!r}") from None
+
+
+def narrowed(value: Any, dtype: torch.dtype | None) -> Any:
+    """``value`` as it crosses a cut that compresses to ``dtype``: a floating tensor
+    wider than ``dtype`` goes narrowed, marked with the type it had; anything else (a
+    tensor already as narrow, integers, None) goes as it is."""
+    if (dtype is None or not isinstance(value, torch.Tensor) or not value.is_floating_point()
+            or value.element_size() <= dtype.itemsize):
+        return value
+    return {NARROWED: [Opaque(value.detach().to(dtype)), str(value.dtype).removeprefix("torch.")]}
+
+
+def widened(value: Any) -> Any:
+    """What ``narrowed`` sent, back in the type it had; any other value as it is."""
+    if type(value) is not dict or NARROWED not in value:
+        return value
+    carried, name = value[NARROWED]
+    tensor = carried.value if type(carried) is Opaque else carried
+    return tensor.to(getattr(torch, name))
 
 
 def envelope(gradient: Any, closing: bool = False, behind: int = 0) -> dict[str, Any]:
@@ -112,7 +157,7 @@ def carries(value: Any) -> bool:
 
 def _inside(value: Any) -> Any:
     carried = value[KEY][0]
-    return carried.value if type(carried) is Opaque else carried
+    return widened(carried.value if type(carried) is Opaque else carried)
 
 
 def gradient(value: Any, device: str | torch.device | None = None) -> torch.Tensor | None:
@@ -144,13 +189,15 @@ def closing(value: Any) -> bool:
 class Learning(Node):
     """What trains one node where it runs. A technique writes ``learn`` and nothing else.
 
-    ``Learning(optimizer, every=None, shared=None, **how)``: ``optimizer`` is a factory
-    (a class such as ``torch.optim.SGD``) called with ``training()`` and ``**how`` the
-    first time it is needed, wherever this object ended up. ``every`` is how many steps
-    make one update; a technique that names it wins over the Trainer's. ``shared`` is a
-    key: every client whose trainer names it on the same host trains one node there,
-    with one optimizer (``somatize.torch._shared``); the first to arrive brings the
-    weights. Left out, a trainer is its Trainer's alone.
+    ``Learning(optimizer, every=None, shared=None, compress=None, **how)``:
+    ``optimizer`` is a factory (a class such as ``torch.optim.SGD``) called with
+    ``training()`` and ``**how`` the first time it is needed, wherever this object ended
+    up. ``every`` is how many steps make one update; a technique that names it wins over
+    the Trainer's. ``shared`` is a key: every client whose trainer names it on the same
+    host trains one node there, with one optimizer (``somatize.torch._shared``); the
+    first to arrive brings the weights. Left out, a trainer is its Trainer's alone.
+    ``compress`` ('bf16' or 'fp16') sends the floating tensors that cross the node's cut,
+    both ways, in that type: half the bytes, and the rounding that comes with them.
     """
 
     _soma_position = True
@@ -173,9 +220,12 @@ class Learning(Node):
     _label = ""  # its session, as the shared trainer's order names it
     _grads: Any = None  # shared: its own open group's gradients, off the node between steps
     _forgotten: str | None = None  # why its activations were let go of, if they were
+    _compress: Any = None  # the narrower type what crosses its cut travels in, if any
+    _narrows_out = False  # whether what it makes crosses a cut (the driver says)
+    _crossed = False  # whether its input came across a cut narrowed (its gradient goes back so)
 
     def __init__(self, optimizer: Callable[..., Any], *, every: int | None = None,
-                 shared: str | None = None, **how: Any):
+                 shared: str | None = None, compress: Any = None, **how: Any):
         if not callable(optimizer):
             raise TypeError(f"{type(self).__qualname__} takes an optimizer factory such as "
                             f"torch.optim.SGD, not a {type(optimizer).__qualname__}")
@@ -184,6 +234,7 @@ class Learning(Node):
         if shared is not None and (type(shared) is not str or not shared):
             raise TypeError(f"{type(self).__qualname__}(shared=...) is the key clients train "
                             f"one trainer under, a non-empty str, not {shared!r}")
+        self._compress = narrowing(compress, type(self).__qualname__)
         self._factory = functools.partial(optimizer, **how)
         self._every = every
         self._shared = shared
@@ -197,6 +248,17 @@ class Learning(Node):
     def beside(self) -> tuple[Enters, Learning]:
         """Its two positions: the one that leafs the input, and itself."""
         return Enters(self), self
+
+    @property
+    def compress(self) -> torch.dtype | None:
+        """The narrower type what crosses its cut travels in, or None: full precision."""
+        return self._compress
+
+    def crossing(self, out: bool) -> Learning:
+        """Says whether what it makes crosses a cut (nothing beside it takes it where
+        it runs), and so goes narrowed when it compresses; the driver knows, it does not."""
+        self._narrows_out = bool(out) and self._compress is not None
+        return self
 
     def audited(self, audit: Any, node_id: str, pieces: int = 1) -> Learning:
         """Measures the node it trains with ``audit`` (fresh, unwatched), wherever it
@@ -371,6 +433,9 @@ class Learning(Node):
         arrives is passed on to whoever fed the node."""
         if carries(value):
             return value
+        arrived = value
+        value = widened(value)
+        self._crossed = value is not arrived
         if self._group is not None:
             self._group.enters(self._label, self)
         self._forgotten = None
@@ -413,7 +478,9 @@ class Learning(Node):
             self._group.log(self._label, "forward")
         if self._audit is not None:
             self._audit.saw(value)
-        return Opaque(value.detach()) if isinstance(value, torch.Tensor) else value
+        if not isinstance(value, torch.Tensor):
+            return value
+        return Opaque(narrowed(value, self._compress) if self._narrows_out else value.detach())
 
     def _owed_to(self, back: int) -> None:
         """Makes the forward ``back`` before the newest this step's, letting go of it
@@ -440,6 +507,8 @@ class Learning(Node):
         ended = self.closes()
         self._taken = 0 if ended else self._taken + 1
         self._closing = False
+        if self._crossed:  # the gradient goes back the way the input came
+            answer = narrowed(answer, self._compress)
         said = envelope(answer, closing=closing(value), behind=back)
         health = [f for v in (value.values() if KEY not in value else [value])
                   for f in v.get(HEALTH, ())]  # what trainers below this one said

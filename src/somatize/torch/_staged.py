@@ -34,7 +34,7 @@ from .._node import Opaque
 from .._plan import stages
 from .._slices import runner_of, finish
 from ._audit import Audit
-from ._learning import HEALTH, Learning, envelope, gradient
+from ._learning import HEALTH, Learning, envelope, gradient, narrowed, widened
 from ._weights import ASKING, LOADING
 
 __all__ = ["StagedDriver", "rewired"]
@@ -120,6 +120,16 @@ class Stage:
                         if preds[enters[n]] and preds[enters[n]][0] not in inside]
         self.back_given = [n for n in self.trainers if n in self.wanted]
         self.reporting = [enters[n] for n in self.trainers]  # every trainer's answer
+        # What crosses into this stage narrowed: a value handed in whose every taker
+        # here is a trainer that compresses, all to one type (anyone else takes it whole).
+        self.narrowing: dict[str, Any] = {}
+        for p in self.outside:
+            takers = [s for s in succs[p] if s in inside]
+            kinds = {trains[n].compress for n in self.trainers if enters[n] in takers}
+            if len(kinds) == 1 and len(takers) == sum(enters[n] in takers for n in self.trainers):
+                self.narrowing[p] = kinds.pop()
+        for n in self.trainers:  # what a trainer makes crosses when nobody here takes it
+            trains[n].crossing(out=not any(s in inside for s in succs[n]))
         trained = set(self.trained)
         self.untrained_here = [n for n in self.wanted
                                if n not in trained and n not in private.hosts]
@@ -229,8 +239,10 @@ class StagedDriver:
         numbers: list[int] = []  # which forward of its stage this one is, in the pipe
         for k, stage in enumerate(self.stages):
             leaves = {p: _fresh(produced[p]) for p in stage.outside}
+            narrowing = stage.narrowing
             answer = one.run(self.private, x, nodes=stage.nodes,
-                             given={p: Opaque(v) for p, v in leaves.items()}, want=stage.wanted,
+                             given={p: Opaque(narrowed(v, narrowing.get(p)))
+                                    for p, v in leaves.items()}, want=stage.wanted,
                              broker=self.broker, store=self.store if k == 0 else None,
                              later=pipe is not None)
             if pipe is not None:
@@ -238,7 +250,7 @@ class StagedDriver:
                 if answer.waiting:
                     yield
                 answer = answer.result()
-            produced.update(answer)
+            produced.update((n, widened(v)) for n, v in answer.items())
             handed.append(leaves)
         # An output made here by an untrained node keeps its graph, so the objective's
         # backward runs straight through its stage; only a trainer's (detached) or a
@@ -268,8 +280,9 @@ class StagedDriver:
         for k, (stage, leaves) in enumerate(zip(reversed(self.stages), reversed(handed))):
             if stage.trainers:
                 back = 0 if pipe is None else pipe.behind(last - k, numbers[last - k])
-                answers = self._walk_back(stage, {n: envelope(owed.get(n), behind=back)
-                                                  for n in stage.back_given}, one,
+                answers = self._walk_back(stage, {n: envelope(
+                    narrowed(owed.get(n), self.trains[n].compress), behind=back)
+                    for n in stage.back_given}, one,
                                           later=pipe is not None)
                 if pipe is not None:
                     if answers.waiting:

@@ -166,9 +166,16 @@ class Trainer:
         if not self._described and self._watchers:
             self._described = True  # said once, before the first forward: it lands in it
             # Which optimizer, so that advice read from the record fits the one used.
-            self._emit({"fact": "graph", "graph": describe(self._graph.data()),
-                        "optimizer": type(self._optimizer).__qualname__
-                        if self._optimizer is not None else None})
+            said = {"fact": "graph", "graph": describe(self._graph.data()),
+                    "optimizer": type(self._optimizer).__qualname__
+                    if self._optimizer is not None else None}
+            # A narrower type on a cut changes the arithmetic: the record says where.
+            compressed = {n: str(learning.compress).removeprefix("torch.")
+                          for n, learning in (self._staged.trains.items() if self._staged else ())
+                          if learning.compress is not None}
+            if compressed:
+                said["compressed"] = compressed
+            self._emit(said)
         if self._audit is not None and self._audit.begin(self._graph):
             if self._staged is not None:  # hooks back on after close(): look again
                 self._staged.changed()
