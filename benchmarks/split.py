@@ -4,7 +4,12 @@ Encoder (here) >> Body (on a worker, trained by Split) >> Head (here), against:
 
 - the same model trained in one piece by the same Trainer (the limit: no wire);
 - the same split written with ``torch.distributed.rpc`` + distributed autograd +
-  ``DistributedOptimizer`` (TensorPipe, CPU), the anchor a user would otherwise write.
+  ``DistributedOptimizer`` (TensorPipe, CPU), the anchor a user would otherwise write;
+- the same split in plain torch over one raw TCP socket to a process holding the body
+  (``plain``: the tensors' bytes behind a length, nothing else said, the body's
+  optimizer stepping there): the floor of a split step, since whatever a split must do
+  (two round trips, three backward calls, an optimizer on each side) it does, and
+  nothing more. Its losses are checked ``==`` to somatize's.
 
 At two sizes: one with ~10 ms of compute per step (target: split at most 1.2x the
 one-piece step) and a tiny one, whose difference is the fixed cost of a split step
@@ -90,6 +95,89 @@ def pipeline_numbers(width, rows, worker, micro=4):
     return min(times[False]), min(times[True])
 
 
+# -- the floor: the same split in plain torch over one raw socket -------------------------
+PLAIN = r"""
+import socket, struct, sys, torch
+torch.set_num_threads(1)
+L = struct.Struct("<Q")
+width, rows = int(sys.argv[1]), int(sys.argv[2])
+srv = socket.create_server(("127.0.0.1", 0))
+print(srv.getsockname()[1], flush=True)
+c, _ = srv.accept()
+c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+def fill(n):
+    buf = bytearray(n); view = memoryview(buf); got = 0
+    while got < n:
+        k = c.recv_into(view[got:])
+        if not k:
+            sys.exit(0)
+        got += k
+    return buf
+def tensor(n):
+    return torch.frombuffer(fill(n), dtype=torch.float32).view(rows, width)
+size = rows * width * 4
+body = torch.nn.Linear(width, width)
+for p in body.parameters():
+    p.data.copy_(torch.frombuffer(fill(p.numel() * 4), dtype=torch.float32).view(p.shape))
+opt = torch.optim.SGD(body.parameters(), lr=0.01)
+while True:
+    x = tensor(size).requires_grad_()
+    y = torch.relu(body(x))
+    c.sendall(y.detach().numpy().data)
+    g = tensor(size)
+    opt.zero_grad()
+    y.backward(g)
+    opt.step()
+    c.sendall(x.grad.numpy().data)
+"""
+
+
+class PlainSplit:
+    """The split of ``model(width)`` in plain torch: encoder and head here, the body in a
+    process of its own, reached over one socket (through the link, if there is one)."""
+
+    def __init__(self, width, rows):
+        g = model(width)
+        self.encoder, body, self.head = (g.implementation(n).lin for n in ("encoder", "body", "head"))
+        self.optimizer = torch.optim.SGD([*self.encoder.parameters(), *self.head.parameters()], lr=0.01)
+        self.proc = subprocess.Popen([sys.executable, "-c", PLAIN, str(width), str(rows)],
+                                     stdout=subprocess.PIPE)
+        port = int(self.proc.stdout.readline())
+        self.link = LinkProcess(LINK, ("127.0.0.1", port)) if LINK else None
+        where = self.link.address if self.link else ("127.0.0.1", port)
+        self.sock = socket.create_connection(where)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for p in body.parameters():
+            self.sock.sendall(p.detach().numpy().data)
+        self.shape, self.size = (rows, width), rows * width * 4
+
+    def _tensor(self):
+        buf = bytearray(self.size)
+        view, got = memoryview(buf), 0
+        while got < self.size:
+            got += self.sock.recv_into(view[got:])
+        return torch.frombuffer(buf, dtype=torch.float32).view(self.shape)
+
+    def step(self, b):
+        x, y = b
+        self.optimizer.zero_grad()
+        h = torch.relu(self.encoder(x))
+        self.sock.sendall(h.detach().numpy().data)
+        made = self._tensor().requires_grad_()
+        loss = torch.nn.functional.mse_loss(torch.relu(self.head(made)), y)
+        loss.backward()
+        self.sock.sendall(made.grad.numpy().data)
+        h.backward(self._tensor())
+        self.optimizer.step()
+        return loss.item()
+
+    def close(self):
+        self.sock.close()
+        self.proc.wait(10)
+        if self.link:
+            self.link.close()
+
+
 def somatize_numbers(width, rows, worker):
     mse = torch.nn.functional.mse_loss
     data = [batch(width, rows) for _ in range(STEPS)]
@@ -99,12 +187,20 @@ def somatize_numbers(width, rows, worker):
     trains = {"body": Split(torch.optim.SGD, lr=0.01)}
     split = Trainer(cut, objective=mse, trains=trains, broker=Broker.embedded({"w": worker}),
                     optimizer=torch.optim.SGD(parameters(cut, without=trains), lr=0.01))
-    # Interleaved in blocks, so both see the same machine.
-    ones, splits = [], []
-    for block in range(4):
-        ones.append(median(cycled(one.step, data), STEPS // 4, warm=5))
-        splits.append(median(cycled(split.step, data), STEPS // 4, warm=5))
-    return min(ones), min(splits)
+    plain = PlainSplit(width, rows)
+    try:
+        check = data[:3]
+        assert [plain.step(b) for b in check] == [split.step(b) for b in check], \
+            "the plain split and somatize's trained differently"
+        # Interleaved in blocks, so all three see the same machine.
+        ones, splits, plains = [], [], []
+        for block in range(4):
+            ones.append(median(cycled(one.step, data), STEPS // 4, warm=5))
+            splits.append(median(cycled(split.step, data), STEPS // 4, warm=5))
+            plains.append(median(cycled(plain.step, data), STEPS // 4, warm=5))
+    finally:
+        plain.close()
+    return min(ones), min(splits), min(plains)
 
 
 # -- the anchor: torch.distributed.rpc with distributed autograd -----------------------------
@@ -281,14 +377,16 @@ def main():
         return print_linked(ours, piped, anchor)
     print(f"split training, far half on a worker on loopback; median step of {STEPS // 4} "
           "(best of 4 interleaved blocks), 1 thread per process")
-    print(f"{'size':14}{'one piece':>12}{'split':>12}{'split/one':>11}{'torch rpc':>12}"
-          f"{'split/rpc':>11}")
-    for name, (one, split) in ours.items():
+    print(f"{'size':14}{'one piece':>12}{'split':>12}{'split/one':>11}{'plain':>12}"
+          f"{'split/plain':>13}{'torch rpc':>12}{'split/rpc':>11}")
+    for name, (one, split, bare) in ours.items():
         rpc = anchor.get(name, float("nan"))
         print(f"{name:14}{one * 1e3:10.2f}ms{split * 1e3:10.2f}ms{split / one:10.2f}x"
-              f"{rpc * 1e3:10.2f}ms{split / rpc:10.2f}x")
-    one, split = ours["tiny"]
-    print(f"fixed cost of a split step (tiny model): {(split - one) * 1e6:.0f} µs")
+              f"{bare * 1e3:10.2f}ms{split / bare:12.2f}x{rpc * 1e3:10.2f}ms{split / rpc:10.2f}x")
+    one, split, bare = ours["tiny"]
+    print(f"fixed cost of a split step (tiny model): {(split - one) * 1e6:.0f} µs over one piece; "
+          f"plain torch over a raw socket pays {(bare - one) * 1e6:.0f} µs, so ours is "
+          f"{(split - bare) * 1e6:.0f} µs of somatize")
     plain, overlapped = piped["~10 ms/step"]
     print(f"split step, micro=4 (~10 ms/step): one piece after another {plain * 1e3:.2f}ms, "
           f"pipelined {overlapped * 1e3:.2f}ms, pipelined/unpipelined {overlapped / plain:.2f}x, "
@@ -327,7 +425,7 @@ def print_linked(ours, piped, anchor):
           "sequence cannot hide")
     for name, (width, rows) in SIZES.items():
         size, floor, floor_micro, floor_piped = floors(width, rows)
-        one, split = ours[name]
+        one, split, bare = ours[name]
         plain, overlapped = piped[name]
         print(f"\n{name}: batch {rows} x width {width}, one activation {size / 1024:g} KiB; "
               f"floor {floor * 1e3:.2f} ms; micro=4 one after another (8 RTT + the same bytes) "
@@ -336,6 +434,7 @@ def print_linked(ours, piped, anchor):
         print(f"  {'':34}{'step':>10}{'floor':>10}{'/floor':>9}{'/floor+one':>12}")
         rows_out = [("one piece (no link)", one, None),
                     ("split", split, floor),
+                    ("plain torch over a raw socket", bare, floor),
                     ("split micro=4, one after another", plain, floor_micro),
                     ("split micro=4, pipelined", overlapped, floor_piped),
                     ("torch rpc through the same link", anchor.get(name, float("nan")), floor)]
