@@ -401,6 +401,33 @@ def test_dead_channels_are_those_zero_through_the_whole_window_per_group_too():
     assert health(seen2, where="conv")[-1]["channels"] == 4
 
 
+class Sparse(Node):
+    """(N, 3, L): channel 0 only ever negative, channel 1 zero but for one value in a
+    batch, channel 2 always zero: only channel 2 is dead."""
+
+    def __init__(self):
+        self.layer = torch.nn.Linear(8, 6)
+
+    def forward(self, x, ctx):
+        out = self.layer(x).reshape(-1, 3, 2)
+        mask = torch.zeros(1, 3, 2)
+        mask[:, 0] = 1
+        one = torch.zeros_like(out)
+        one[-1, 1, 1] = 1
+        return Opaque(-out.abs() * mask - 1 * mask + out * one)
+
+    def parameters(self):
+        return list(self.layer.parameters())
+
+
+def test_a_channel_fires_when_any_value_in_it_is_not_zero_negative_or_alone():
+    g = Graph.somatize(Sparse().named("conv") >> Flat().named("flat"))
+    trainer, seen = audited(g, auditing=Audit(window=2, channels=True))
+    for batch in batches(3):
+        trainer.step(batch)
+    assert [f.get("dead_channels") for f in health(seen, where="conv")] == [None, 1, 1]
+
+
 def test_a_group_naming_a_channel_that_is_not_there_is_refused_saying_how_many_there_are():
     g = Graph.somatize(Channels(dead=0).named("conv") >> Flat().named("flat"))
     trainer, _ = audited(g, auditing=Audit(groups={"conv": {"far": [9]}}))
