@@ -3,11 +3,13 @@ travels in the narrower type, against the same model written in plain torch with
 same four roundings by hand; the bytes that cross a real worker's socket; and the
 record saying so."""
 
+import warnings
+
 import pytest
 import torch
 from splitnets import Lin
 
-from somatize import Broker, Graph, Worker
+from somatize import Broker, Graph, Opaque, Worker
 from somatize.torch import Split, Trainer, parameters
 
 mse = torch.nn.functional.mse_loss
@@ -133,3 +135,24 @@ def test_compress_names_what_it_takes():
         Split(torch.optim.SGD, lr=0.1, compress="int8")
     assert Split(torch.optim.SGD, lr=0.1).compress is None
     assert Split(torch.optim.SGD, lr=0.1, compress=torch.float16).compress is torch.float16
+
+
+class Loud(Lin):
+    """A layer whose answers reach past float16's largest value."""
+
+    def forward(self, x, ctx):
+        return Opaque(super().forward(x, ctx).value * 1e5)
+
+
+def test_fp16_says_so_when_what_crosses_is_beyond_its_range_and_bf16_carries_it(worker):
+    torch.manual_seed(0)
+    g = Graph.somatize(Loud(8, 8).named("encoder") >> Lin(8, 8).at("w").named("body")
+                       >> Lin(8, 1, relu=False).named("head"))
+    with pytest.warns(RuntimeWarning, match=r"beyond float16's range.*compress='bf16'"):
+        trainer(g, "fp16", worker).step(batches(1)[0])
+    torch.manual_seed(0)
+    g = Graph.somatize(Loud(8, 8).named("encoder") >> Lin(8, 8).at("w").named("body")
+                       >> Lin(8, 1, relu=False).named("head"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # bf16 has float32's range: nothing to say
+        trainer(g, "bf16", worker).step(batches(1)[0])

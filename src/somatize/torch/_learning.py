@@ -40,6 +40,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -112,7 +114,22 @@ def narrowed(value: Any, dtype: torch.dtype | None) -> Any:
     if (dtype is None or not isinstance(value, torch.Tensor) or not value.is_floating_point()
             or value.element_size() <= dtype.itemsize):
         return value
-    return {NARROWED: [Opaque(value.detach().to(dtype)), str(value.dtype).removeprefix("torch.")]}
+    narrow = value.detach().to(dtype)
+    if dtype is torch.float16 and not math.isfinite(narrow.sum().item()):
+        _overflowed(value, narrow)  # a finite sum says none did, in one cheap pass
+    return {NARROWED: [Opaque(narrow), str(value.dtype).removeprefix("torch.")]}
+
+
+def _overflowed(value: torch.Tensor, narrow: torch.Tensor) -> None:
+    """Warns where narrowing to float16 made infinities of finite values: float16 ends
+    at 65504, and what lies beyond arrives as inf (its sum alone may overflow, so the
+    values are counted before anything is said)."""
+    lost = int((torch.isinf(narrow) & torch.isfinite(value)).sum())
+    if lost:
+        warnings.warn(
+            "Split(compress='fp16'): values crossing the cut lie beyond float16's range "
+            "(65504) and arrive as inf; compress='bf16' sends the same bytes with "
+            "float32's range", RuntimeWarning, stacklevel=2)
 
 
 def widened(value: Any) -> Any:
