@@ -155,6 +155,11 @@ class Sessions:
         self._lock = threading.Lock()
         self.sharing = Sharing()
         self._leaving: list[tuple] = []  # what sessions forgotten under the lock shared
+        # Every slice looks its session up, and a look at every session held for one
+        # idle past the lease is a walk over all of them: it is taken at most every
+        # tenth of a lease (a second at most), which lets a session go that late at most.
+        self._expiry_every = min(1.0, lease / 10)
+        self._expires_next = 0.0
 
     def __len__(self) -> int:
         with self._lock:
@@ -168,10 +173,13 @@ class Sessions:
         """The session's tenant, marked as just used; else None and why it is gone
         (None: never held here)."""
         with self._lock:
-            self._expire(time.monotonic())
+            now = time.monotonic()
+            if now >= self._expires_next:
+                self._expire(now)
+                self._expires_next = now + self._expiry_every
             tenant = self._held.get(session)
             if tenant is not None:
-                tenant.used = time.monotonic()
+                tenant.used = now
                 self._held.move_to_end(session)
             gone = None if tenant is not None else self._gone.get(session)
         self._let_go()
