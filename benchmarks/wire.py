@@ -4,7 +4,9 @@ Four measurements, each against its anchors in the same run, every server in a
 process of its own:
 
 1. a tiny remote forward (one small str there and back) vs a raw TCP echo of a
-   message of similar size, and vs ``rpc_sync`` of a trivial function;
+   message of similar size (one ``recv`` and one ``sendall`` into a small buffer), in
+   interleaved blocks, with each side's CPU per round trip; and vs ``rpc_sync`` of a
+   trivial function;
 2. a 64 MB float32 tensor through a remote identity node vs a raw socket moving
    64 MB each way, and vs ``rpc_sync`` sending the same tensor (TensorPipe, CPU);
 3. bytes on the wire per activation element, from the wire's own ``sent`` and
