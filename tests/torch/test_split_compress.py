@@ -156,3 +156,12 @@ def test_fp16_says_so_when_what_crosses_is_beyond_its_range_and_bf16_carries_it(
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # bf16 has float32's range: nothing to say
         trainer(g, "bf16", worker).step(batches(1)[0])
+
+
+def test_a_narrowed_tensor_naming_no_floating_type_is_refused_not_looked_up():
+    from somatize.torch._learning import NARROWED, widened
+    half = torch.ones(2, dtype=torch.bfloat16)
+    assert widened({NARROWED: [half, "float32"]}).dtype == torch.float32
+    for name in ("load", "int64", 3):
+        with pytest.raises(TypeError, match="not a floating torch dtype"):
+            widened({NARROWED: [half, name]})

@@ -127,7 +127,7 @@ def _overflowed(value: torch.Tensor, narrow: torch.Tensor) -> None:
     lost = int((torch.isinf(narrow) & torch.isfinite(value)).sum())
     if lost:
         warnings.warn(
-            "Split(compress='fp16'): values crossing the cut lie beyond float16's range "
+            "compress='fp16': values crossing the cut lie beyond float16's range "
             "(65504) and arrive as inf; compress='bf16' sends the same bytes with "
             "float32's range", RuntimeWarning, stacklevel=2)
 
@@ -138,7 +138,11 @@ def widened(value: Any) -> Any:
         return value
     carried, name = value[NARROWED]
     tensor = carried.value if type(carried) is Opaque else carried
-    return tensor.to(getattr(torch, name))
+    dtype = getattr(torch, name, None) if type(name) is str else None
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"a narrowed tensor names {name!r} as the type it had, which is not "
+                        "a floating torch dtype; both ends must run the same somatize")
+    return tensor.to(dtype)
 
 
 def envelope(gradient: Any, closing: bool = False, behind: int = 0) -> dict[str, Any]:
