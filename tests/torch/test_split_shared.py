@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from splitnets import Lin
+from splitnets import Lin, Meets
 
 from somatize import Broker, DeclarationError, Graph, Worker
 from somatize.torch import Split, Trainer, parameters
@@ -201,6 +201,34 @@ def test_twenty_concurrent_runs_never_crash_never_mix(worker):
         for c in clients:
             c.trainer.close()
     assert mixed, "no run interleaved the clients, so nothing here was tested at the same time"
+
+
+def test_trainers_not_shared_run_side_by_side_on_one_worker(worker, tmp_path):
+    """Two sessions whose trainers share nothing never wait for each other there: each
+    body's forward waits for the other's to be under way at the same time."""
+    def trainer():
+        g = Graph.somatize(Lin(8, 8).named("encoder") >> Meets(8, 8, str(tmp_path)).named("body")
+                           .at("gpu") >> Lin(8, 1, relu=False).named("head"))
+        own = Worker.at("%s:%d" % worker.address("gpu"), mode="network", send=["splitnets"],
+                        token=worker.token)
+        trains = {"body": Split(torch.optim.SGD, lr=0.1)}
+        return Trainer(g, objective=mse, trains=trains, broker=Broker.embedded({"gpu": own}),
+                       optimizer=torch.optim.SGD(parameters(g, without=trains), lr=0.1))
+    trainers, failures = [trainer(), trainer()], []
+
+    def step(t):
+        try:
+            t.step(batches(1, seed=0)[0])
+        except Exception as exc:  # said below, with the other's
+            failures.append(exc)
+    threads = [threading.Thread(target=step, args=(t,)) for t in trainers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for t in trainers:
+        t.close()
+    assert failures == []
 
 
 def test_a_client_unlike_the_shared_trainer_is_refused_naming_both(worker):

@@ -373,15 +373,16 @@ class Learning(Node):
         return self._shared
 
     # -- shared with other clients on purpose (_shared) -----------------------------
-    def share_on(self, sharing: Any, nodes: Mapping[str, Any], session: str) -> dict[str, Any]:
+    def share_on(self, sharing: Any, nodes: Mapping[str, Any], session: str) -> dict[str, Any] | None:
         """Joins the shared trainer of its key on the host installing its catalog (the
         host calls this with what it shares, ``sharing``, the catalog's nodes and the
         session's name), starting it if it is the first; answers the nodes to put in
         the catalog instead: the shared node, where this catalog has its own copy. A
         trainer the shared one is not alike to is refused (DeclarationError), with
-        nothing changed."""
+        nothing changed. None for a trainer not asked to share: its session then never
+        waits for anybody else's."""
         if self._shared is None:
-            return {}
+            return None
         me = next((n for n, impl in nodes.items() if impl is self), "?")
         group = sharing.table.get(self._shared)
         if group is None:

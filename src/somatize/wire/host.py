@@ -85,10 +85,12 @@ class Sharing:
     ``share_on(sharing, nodes, session)`` method is called when its session's catalog is
     installed, puts what it shares in ``table`` under a key of its own (a shared trainer
     of ``somatize.torch``, most often), and answers which nodes of the catalog to put the
-    shared ones in place of; ``unshare()`` is called when the session is let go. Every
-    slice of a session that shares runs holding ``lock``, so what is shared is touched by
-    one slice at a time; a node that must wait for the others' slices waits on it (a
-    condition), which lets them run meanwhile.
+    shared ones in place of, or None when it shares nothing this time (a trainer nobody
+    asked to share); ``unshare()`` is called when the session is let go. Every slice of
+    a session that shares runs holding ``lock``, so what is shared is touched by one
+    slice at a time; a node that must wait for the others' slices waits on it (a
+    condition), which lets them run meanwhile. A session none of whose nodes share never
+    takes it: the slices of unrelated sessions run side by side.
     """
 
     def __init__(self) -> None:
@@ -102,17 +104,21 @@ class Sharing:
         if not sharers:
             return graph, ()
         swapped: dict[str, Any] = {}
+        shares: list[Any] = []
         with self.lock:
-            for k, impl in enumerate(sharers):
+            for impl in sharers:
                 try:
-                    swapped.update(impl.share_on(self, graph.impls, session.hex()[:12]))
+                    put = impl.share_on(self, graph.impls, session.hex()[:12])
                 except BaseException:  # all of a catalog shares, or none of it
-                    for joined in sharers[:k]:
+                    for joined in shares:
                         joined.unshare()
                     raise
+                if put is not None:
+                    shares.append(impl)
+                    swapped.update(put)
         if swapped:
             graph = dataclasses.replace(graph, impls={**graph.impls, **swapped}, memo={})
-        return graph, tuple(sharers)
+        return graph, tuple(shares)
 
     def left(self, shares: tuple) -> None:
         """The nodes of a session let go stop sharing."""
