@@ -35,25 +35,7 @@ def walk_back(data: Any, nodes: Iterable[str] | None, given: dict[str, Any],
     """Walks ``nodes`` against their edges; answers ``{node: what it gave back}`` for
     each node in ``want``. ``given`` is what arrives at a node from outside the walk.
     ``later`` answers a ``Later`` of that as soon as the slices are out."""
-    chosen = [data.known(n) for n in (data.ids if nodes is None else nodes)]
-    want = [data.known(n) for n in want]
-    for n in list(given) + want:
-        if n not in chosen:
-            raise DeclarationError(f"{n!r} is given to or wanted from a walk it is not part of")
-    hosts = {} if here else data.hosts
-    parts: dict[str | None, list[str]] = {}
-    for n in chosen:
-        parts.setdefault(hosts.get(n), []).append(n)
-    inside = set(chosen)
-    for n in chosen:
-        for s in data.succs[n]:
-            if s in inside and hosts.get(s) != hosts.get(n):
-                raise DeclarationError(
-                    f"{n!r} and {s!r} are on different hosts, so the edge between them is a "
-                    "cut; walk each stage back on its own"
-                )
-    away = [(h, part) for h, part in parts.items() if h is not None]
-    local = parts.get(None, [])
+    away, local, want = _parts(data, nodes, tuple(given), tuple(want), here)
     answered: dict[str, Any] = {}
     if not away:
         answered.update(_here(data, local, given, emit, since))
@@ -93,6 +75,40 @@ def walk_back(data: Any, nodes: Iterable[str] | None, given: dict[str, Any],
     def walking():
         out.append(gathered((yield from spreading)))
     return Later(walking(), lambda: out[0])
+
+
+def _parts(data: Any, nodes: Iterable[str] | None, given: tuple[str, ...],
+           want: tuple[str, ...], here: bool) -> tuple[list, list[str], list[str]]:
+    """Which parts of the walk go to which host, and what is wanted, checked: derived
+    once per graph and shape of walk, since a trainer walks the same one every step."""
+    key = ("walk back", None if nodes is None else tuple(nodes), given, want, here)
+    found = data.memo.get(key)
+    if found is None:
+        found = data.memo[key] = _parted(data, key[1], given, want, here)
+    return found
+
+
+def _parted(data: Any, nodes: tuple[str, ...] | None, given: tuple[str, ...],
+            want: tuple[str, ...], here: bool) -> tuple[list, list[str], list[str]]:
+    chosen = [data.known(n) for n in (data.ids if nodes is None else nodes)]
+    wanted = [data.known(n) for n in want]
+    for n in given + tuple(wanted):
+        if n not in chosen:
+            raise DeclarationError(f"{n!r} is given to or wanted from a walk it is not part of")
+    hosts = {} if here else data.hosts
+    parts: dict[str | None, list[str]] = {}
+    for n in chosen:
+        parts.setdefault(hosts.get(n), []).append(n)
+    inside = set(chosen)
+    for n in chosen:
+        for s in data.succs[n]:
+            if s in inside and hosts.get(s) != hosts.get(n):
+                raise DeclarationError(
+                    f"{n!r} and {s!r} are on different hosts, so the edge between them is a "
+                    "cut; walk each stage back on its own"
+                )
+    away = [(h, part) for h, part in parts.items() if h is not None]
+    return away, parts.get(None, []), wanted
 
 
 class _Through(Hooks):
