@@ -67,6 +67,16 @@ class Route:
         # Predecessors outside the walk, which the caller has to hand in.
         self.outside = sorted({p for n in order for p in data.preds[n]
                                if chosen is not None and p not in chosen})
+        self._picked: dict[tuple, list[int]] = {}
+        self._index = prog.index
+
+    def picked(self, want: Iterable[str], data: Any) -> list[int]:
+        """The slots of the outputs a caller wants by name, found once per list of names."""
+        key = tuple(want)
+        found = self._picked.get(key)
+        if found is None:
+            found = self._picked[key] = [self._index[data.known(n)] for n in key]
+        return found
 
 
 def route(prog: Program, nodes: Iterable[str] | None, here: bool) -> Route:
@@ -215,20 +225,23 @@ class Pass:
         emit = self.emit
         value = settle(input, None)
         vals: list[Any] = [None] * len(prog.ids)
+        index = prog.index
         if given:
             for node_id, v in given.items():
-                vals[prog.index[data.known(node_id)]] = settle(v, node_id)
-        missing = [p for p in way.outside if not given or p not in given]
-        if missing:
-            raise DeclarationError(
-                f"this part of the graph reads {', '.join(map(repr, missing))}, which it does "
-                "not run; hand their values in with given={...}"
-            )
-        wanted = way.wanted if want is None else [prog.index[data.known(n)] for n in want]
+                at = index.get(node_id)
+                vals[index[data.known(node_id)] if at is None else at] = settle(v, node_id)
+        for p in way.outside:
+            if not given or p not in given:
+                missing = [p for p in way.outside if not given or p not in given]
+                raise DeclarationError(
+                    f"this part of the graph reads {', '.join(map(repr, missing))}, which it "
+                    "does not run; hand their values in with given={...}"
+                )
+        wanted = way.wanted if want is None else way.picked(want, data)
         hooks = None
         if store is not None and prog.remembers:
             hooks = Memory.start(prog, way, input, store, wanted, emit)
-        elif any(prog.mapped):
+        elif prog.maps:
             hooks = Mapping(prog)
         backend = runner_of(broker) if way.away else None
         if way.away and backend is None:

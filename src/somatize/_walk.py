@@ -89,6 +89,7 @@ class Program:
         prog.data = data
         prog.succs = [[index[s] for s in data.succs[n]] for n in ids]
         prog.mapped = [n in data.mapped for n in ids]
+        prog.maps = any(prog.mapped)
         prog.cached = [n in data.cached for n in ids]
         prog.remembers = any(prog.cached) or any(prog.mapped)
         return prog
