@@ -1,0 +1,163 @@
+"""Instructions per tiny split step, on each side, beside plain torch over a raw socket.
+
+On a small shared machine the clock of a tiny step swings by half from one run to
+the next, so a change of a tenth to what we do per step cannot be seen in it. The
+count of instructions each process executes can: valgrind's callgrind counts them in
+user space (a syscall's own work in the kernel is not counted, and both contenders
+make the same syscalls, two round trips a step), and the same code counts the same to
+a few parts in a thousand, run after run.
+
+Two contenders, the tiny model of ``split.py`` (Encoder here >> Body there >> Head
+here), each process under callgrind with counting switched on only around the
+measured steps:
+
+- ours: a Trainer with the body trained by ``Split`` on a worker process;
+- plain: ``split.PlainSplit``, the same step in plain torch over one socket, with its
+  body's optimizer in a process of its own; the floor of what a split step does.
+
+    python benchmarks/instructions.py            # 200 steps; --steps N for more
+
+Needs valgrind (``apt-get install valgrind``); without it, says so and stops.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+STEPS = int(sys.argv[sys.argv.index("--steps") + 1]) if "--steps" in sys.argv else 200
+WARM = 30
+
+
+def callgrind(out: str) -> list[str]:
+    """The command prefix that runs a process under callgrind, counting nothing until
+    told (``callgrind_control -i on``), its counts written to ``out`` (``%p``: its pid)."""
+    return ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}"]
+
+
+def counting(on: bool, *pids: int) -> None:
+    for pid in pids:
+        subprocess.run(["callgrind_control", "-i", "on" if on else "off", str(pid)],
+                       capture_output=True, check=False)
+    if not on:
+        for pid in pids:
+            subprocess.run(["callgrind_control", "-d", str(pid)], capture_output=True, check=False)
+
+
+def child_of(parent: int, marker: str) -> int:
+    """The pid of the process ``parent`` started whose command line holds ``marker``."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rpartition(")")[2].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                line = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        if ppid == parent and marker in line:
+            return int(entry)
+    raise RuntimeError(f"no process of {parent} runs {marker!r}")
+
+
+def inside(which: str, folder: str) -> None:
+    """The measured run, in a process callgrind already watches: warm up, count the
+    steps here and in the far process, dump both."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    sys.path.insert(0, HERE)
+    import torch
+
+    torch.set_num_threads(1)
+    import split
+
+    width, rows = split.SIZES["tiny"]
+    data = [split.batch(width, rows) for _ in range(10)]
+    far_out = os.path.join(folder, "far.%p")
+    if which == "ours":
+        from somatize import Broker, Worker
+        from somatize.torch import Split, Trainer, parameters
+
+        worker = Worker.spawn([*callgrind(far_out), sys.executable, "-m", "somatize.worker",
+                               "--listen", "127.0.0.1:0", "--quiet"],
+                              mode="network", send=["split"], timeout=600)
+        cut = split.model(width, "w")
+        trains = {"body": Split(torch.optim.SGD, lr=0.01)}
+        trainer = Trainer(cut, objective=torch.nn.functional.mse_loss, trains=trains,
+                          broker=Broker.embedded({"w": worker}),
+                          optimizer=torch.optim.SGD(parameters(cut, without=trains), lr=0.01))
+        trainer.step(data[0])  # the worker is started by the first step
+        step, far, close = trainer.step, child_of(os.getpid(), "somatize.worker"), worker.close
+    else:
+        popen = subprocess.Popen
+
+        def watched(argv, **kwargs):  # the plain body's process, under callgrind too
+            return popen([*callgrind(far_out), *argv], **kwargs)
+        split.subprocess.Popen = watched
+        try:
+            plain = split.PlainSplit(width, rows)
+        finally:
+            split.subprocess.Popen = popen
+        step, far, close = plain.step, plain.proc.pid, plain.close
+    for k in range(WARM):
+        step(data[k % len(data)])
+    counting(True, os.getpid(), far)
+    for k in range(STEPS):
+        step(data[k % len(data)])
+    counting(False, os.getpid(), far)
+    close()
+
+
+def measured(which: str) -> tuple[float, float]:
+    """Instructions per step here and on the far side, for one contender."""
+    folder = tempfile.mkdtemp(prefix=f"somatize-instructions-{which}-")
+    try:
+        subprocess.run([*callgrind(os.path.join(folder, "near.%p")), sys.executable, __file__,
+                        "--inside", which, folder, "--steps", str(STEPS)],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       timeout=1800)
+        return (_counted(os.path.join(folder, "near.*")) / STEPS,
+                _counted(os.path.join(folder, "far.*")) / STEPS)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _counted(pattern: str) -> int:
+    """What the dumps a process wrote while counting add up to."""
+    total = 0
+    for path in glob.glob(pattern):
+        with open(path) as f:
+            for line in f:
+                if line.startswith("totals:"):
+                    total += int(line.split()[1])
+    if not total:
+        raise RuntimeError(f"callgrind wrote no counts matching {pattern}")
+    return total
+
+
+def main() -> None:
+    if "--inside" in sys.argv:
+        at = sys.argv.index("--inside")
+        return inside(sys.argv[at + 1], sys.argv[at + 2])
+    if not (shutil.which("valgrind") and shutil.which("callgrind_control")):
+        print("needs valgrind (apt-get install valgrind): nothing measured")
+        return
+    ours, plain = measured("ours"), measured("plain")
+    print(f"tiny split step, instructions per step in user space (callgrind, {STEPS} steps "
+          f"after {WARM})")
+    print(f"{'':12}{'here':>14}{'worker':>14}{'both':>14}")
+    for name, (near, far) in (("ours", ours), ("plain torch", plain)):
+        print(f"{name:12}{near:14,.0f}{far:14,.0f}{near + far:14,.0f}")
+    print(f"{'ours/plain':12}{ours[0] / plain[0]:13.2f}x{ours[1] / plain[1]:13.2f}x"
+          f"{sum(ours) / sum(plain):13.2f}x")
+    print(f"ours over plain: {ours[0] - plain[0]:,.0f} here and {ours[1] - plain[1]:,.0f} on "
+          "the worker per step")
+
+
+if __name__ == "__main__":
+    main()
