@@ -251,20 +251,17 @@ class Pass:
                 f"is: forward(..., broker=Broker.embedded({{{host!r}: Worker.at('HOST:PORT')}})), "
                 f"or for a Trainer, Trainer(..., workers={{{host!r}: Worker.at('HOST:PORT')}})"
             )
+        if not way.away and not later:  # all of it here (a host's slice, a stage): no stops
+            for _, order, _ in way.segments:
+                walk(prog, order, vals, value, hooks, emit, self.since)
+            return _answered(prog, vals, wanted, want is not None)
         forward_id = new_forward_id() if way.away else None
         walking = _segments(data, prog, way, vals, value, backend, hooks, emit, self.since,
                             self.stamping, forward_id, later)
-
-        def answer() -> Any:
-            if want is not None:
-                return {prog.ids[i]: _read(vals[i], prog.ids[i]) for i in wanted}
-            if len(wanted) == 1:
-                return _read(vals[wanted[0]], "the caller")
-            return {prog.ids[i]: _read(vals[i], "the caller") for i in wanted}
         if later:
-            return Later(walking, answer)
+            return Later(walking, lambda: _answered(prog, vals, wanted, want is not None))
         finish(walking)
-        return answer()
+        return _answered(prog, vals, wanted, want is not None)
 
     def back(self, graph: Any, nodes: Iterable[str] | None, given: dict[str, Any],
              want: Iterable[str], *, broker: Any = None, here: bool = False,
@@ -289,6 +286,16 @@ def _segments(data: Any, prog: Program, way: Route, vals: list[Any], value: Any,
         else:
             yield from _meanwhile(prog, order, remotes, vals, value, backend, hooks, emit,
                                   began, stamping, forward_id, later)
+
+
+def _answered(prog: Program, vals: list[Any], wanted: list[int], named: bool) -> Any:
+    """What a walk answers: the outputs asked for by name (``named``), or else its one
+    output, or a map of its outputs."""
+    if named:
+        return {prog.ids[i]: _read(vals[i], prog.ids[i]) for i in wanted}
+    if len(wanted) == 1:
+        return _read(vals[wanted[0]], "the caller")
+    return {prog.ids[i]: _read(vals[i], "the caller") for i in wanted}
 
 
 def _read(v: Any, reader: str) -> Any:
