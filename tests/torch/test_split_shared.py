@@ -144,25 +144,30 @@ def test_a_relay_of_three_clients_is_one_body_trained_in_turn(worker, optimizer)
         c.trainer.close()
 
 
-def concurrently(clients, steps):
-    ready = threading.Barrier(len(clients))
+def at_once(calls, timeout=120):
+    """Runs each call on a thread of its own, all started together; asserts that none
+    raised and all ended."""
+    ready = threading.Barrier(len(calls))
     failures = []
 
-    def run(c):
+    def run(call):
         try:
             ready.wait()
-            for k in range(steps):
-                c.step(k)
-        except BaseException as exc:  # said below, with the client it happened to
+            call()
+        except BaseException as exc:  # said below, with the others'
             failures.append(exc)
 
-    threads = [threading.Thread(target=run, args=(c,)) for c in clients]
+    threads = [threading.Thread(target=run, args=(call,)) for call in calls]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(120)
+        t.join(timeout)
     assert not failures, failures
     assert not any(t.is_alive() for t in threads)
+
+
+def concurrently(clients, steps):
+    at_once([lambda c=c: [c.step(k) for k in range(steps)] for c in clients])
 
 
 def interleaved(events):
@@ -214,21 +219,12 @@ def test_trainers_not_shared_run_side_by_side_on_one_worker(worker, tmp_path):
         trains = {"body": Split(torch.optim.SGD, lr=0.1)}
         return Trainer(g, objective=mse, trains=trains, broker=Broker.embedded({"gpu": own}),
                        optimizer=torch.optim.SGD(parameters(g, without=trains), lr=0.1))
-    trainers, failures = [trainer(), trainer()], []
-
-    def step(t):
-        try:
-            t.step(batches(1, seed=0)[0])
-        except Exception as exc:  # said below, with the other's
-            failures.append(exc)
-    threads = [threading.Thread(target=step, args=(t,)) for t in trainers]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    for t in trainers:
-        t.close()
-    assert failures == []
+    trainers = [trainer(), trainer()]
+    try:
+        at_once([lambda t=t: t.step(batches(1, seed=0)[0]) for t in trainers], timeout=60)
+    finally:
+        for t in trainers:
+            t.close()
 
 
 def test_a_client_unlike_the_shared_trainer_is_refused_naming_both(worker):
