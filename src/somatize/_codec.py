@@ -160,7 +160,7 @@ def pack_into(value: Any, buffers: list[Any]) -> Any:
 
 def _pack(value: Any, buffers: list[Any]) -> Any:
     cls = type(value)
-    if cls is str or cls is int or cls is float or cls is bool or value is None:
+    if cls in _SCALARS:
         return value
     if cls is dict:
         out = {}
