@@ -332,7 +332,7 @@ def answer(sessions: Sessions, head: Any, buffers: list[Any], holding: Holding) 
     nodes, wanted, forward = head.get("n"), head.get("w"), head.get("f")
     session = head.get("s")
     if (type(nodes) is not list or type(wanted) is not list or type(forward) is not bytes
-            or type(session) is not bytes or not all(type(n) is str for n in nodes + wanted)):
+            or type(session) is not bytes or not _STR.issuperset(map(type, nodes + wanted))):
         raise ProtocolError("a slice frame without its session, nodes, outputs or forward")
     tenant, gone = sessions.lookup(session)
     if tenant is None:
@@ -345,7 +345,7 @@ def answer(sessions: Sessions, head: Any, buffers: list[Any], holding: Holding) 
         return failed(exc, [])
     refs = head.get("r", [])
     if (type(values) is not dict or type(values.get("g", {})) is not dict
-            or type(refs) is not list or not all(type(r) is str for r in refs)):
+            or type(refs) is not list or not _STR.issuperset(map(type, refs))):
         raise ProtocolError("a slice whose values or references are malformed")
     # Values arrive unwrapped, as the walk holds them; Opaque lets them in as they
     # are. A walk back hands what it is given to its nodes untouched.
@@ -365,6 +365,9 @@ def answer(sessions: Sessions, head: Any, buffers: list[Any], holding: Holding) 
         with sessions.sharing.lock:  # what is shared, by one slice at a time
             return _run(tenant.graph, nodes, wanted, given, Opaque(values.get("i")),
                         bool(head.get("x")), bool(head.get("t")), holding)
+
+
+_STR = frozenset((str,))
 
 
 def _run(graph: Any, nodes: list[str], wanted: list[str], given: dict[str, Any], input: Any,
