@@ -219,13 +219,15 @@ class Channel:
         return None
 
     def _fill(self, view: memoryview, patient: bool = False, deadline: float | None = None) -> None:
-        got, size = 0, view.nbytes
-        if self._lo < self._hi:  # what an earlier read brought along
-            got = min(size, self._hi - self._lo)
-            view[:got] = self._ahead[self._lo:self._lo + got]
-            self._lo += got
-            if got == size:
-                return
+        got, size, lo = 0, view.nbytes, self._lo
+        if self._hi - lo >= size:  # all of it came with an earlier read: most small frames
+            view[:] = self._ahead[lo:lo + size]
+            self._lo = lo + size
+            return
+        if lo < self._hi:  # the start of it came with an earlier read
+            got = self._hi - lo
+            view[:got] = self._ahead[lo:self._hi]
+            self._lo = self._hi
         if size - got < _AHEAD:  # a small rest: read what is there, the next frame's too
             self._lo = self._hi = 0
             self._hi = self._read(self._ahead, got == 0 and patient, deadline, need=size - got)
