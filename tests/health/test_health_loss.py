@@ -104,3 +104,15 @@ def test_a_flat_start_the_run_then_leaves_is_no_plateau_one_it_keeps_or_returns_
     assert ("plateau", 1) in returned  # left, then came back to: the run never got past it
     # left by less than the threshold's share of its level: still one
     assert found(noisy(start + [0.62] * 60, 0.01))[0][1] == "plateau"
+
+
+def test_losses_of_any_finite_size_are_judged_as_the_same_losses_at_any_scale():
+    """The rules are ratios to the loss's own level, so scaling every loss changes no
+    finding; losses near float's largest do not overflow the fit."""
+    shapes = {"climbing": noisy([1.0 + 0.02 * t for t in range(60)], 0.02),
+              "flat": noisy([math.log(10)] * 60, 0.01),
+              "swinging": [1.0 + 0.8 * (-1) ** t for t in range(60)]}
+    for name, losses in shapes.items():
+        expected = found(losses)
+        for scale in (1e-300, 1e150, 1e300):
+            assert found([v * scale for v in losses]) == expected, (name, scale)

@@ -54,15 +54,20 @@ class _Window:
 
 
 def _fitted(first: int, values: list[float]) -> _Window:
+    """The line through positive ``values``, fitted to them divided by the largest so
+    that no square overflows however large a finite loss is (every rule reads ratios
+    to the level, so the scale changes no judgement), then scaled back."""
     n = len(values)
+    scale = max(values)
+    values = [v / scale for v in values]
     middle = (n - 1) / 2
     mean = sum(values) / n
     spread = sum((t - middle) ** 2 for t in range(n))
     slope = sum((t - middle) * (v - mean) for t, v in enumerate(values)) / spread
     residual = sum((v - mean - slope * (t - middle)) ** 2 for t, v in enumerate(values))
     scatter = math.sqrt(residual / (n - 2))
-    return _Window(first, mean, slope, scatter / math.sqrt(spread), scatter,
-                   statistics.stdev(values) / math.sqrt(n), n)
+    return _Window(first, mean * scale, slope * scale, scatter / math.sqrt(spread) * scale,
+                   scatter * scale, statistics.stdev(values) / math.sqrt(n) * scale, n)
 
 
 def loss_findings(losses: list[Any], limits: dict[str, float], broken: int | None,
