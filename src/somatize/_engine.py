@@ -230,13 +230,12 @@ class Pass:
             for node_id, v in given.items():
                 at = index.get(node_id)
                 vals[index[data.known(node_id)] if at is None else at] = settle(v, node_id)
-        for p in way.outside:
-            if not given or p not in given:
-                missing = [p for p in way.outside if not given or p not in given]
-                raise DeclarationError(
-                    f"this part of the graph reads {', '.join(map(repr, missing))}, which it "
-                    "does not run; hand their values in with given={...}"
-                )
+        missing = [p for p in way.outside if not given or p not in given]
+        if missing:
+            raise DeclarationError(
+                f"this part of the graph reads {', '.join(map(repr, missing))}, which it does "
+                "not run; hand their values in with given={...}"
+            )
         wanted = way.wanted if want is None else way.picked(want, data)
         hooks = None
         if store is not None and prog.remembers:

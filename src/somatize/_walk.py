@@ -91,7 +91,7 @@ class Program:
         prog.mapped = [n in data.mapped for n in ids]
         prog.maps = any(prog.mapped)
         prog.cached = [n in data.cached for n in ids]
-        prog.remembers = any(prog.cached) or any(prog.mapped)
+        prog.remembers = any(prog.cached) or prog.maps
         return prog
 
 

@@ -322,6 +322,9 @@ def refused_catalog(exc: Exception) -> tuple[dict[str, Any], str]:
     return {"e": "catalog", "m": f"{type(exc).__name__}: {exc}", "module": module, "tb": text}, text
 
 
+_STR = frozenset((str,))  # what every name in a slice's header is
+
+
 def answer(sessions: Sessions, head: Any, buffers: list[Any], holding: Holding) -> Answer:
     """Runs the slice a request header describes, here, against the catalog of the
     session it names (``s``): ``"need"`` when this host holds no such session, with
@@ -365,9 +368,6 @@ def answer(sessions: Sessions, head: Any, buffers: list[Any], holding: Holding) 
         with sessions.sharing.lock:  # what is shared, by one slice at a time
             return _run(tenant.graph, nodes, wanted, given, Opaque(values.get("i")),
                         bool(head.get("x")), bool(head.get("t")), holding)
-
-
-_STR = frozenset((str,))
 
 
 def _run(graph: Any, nodes: list[str], wanted: list[str], given: dict[str, Any], input: Any,
