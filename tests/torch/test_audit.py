@@ -642,3 +642,28 @@ def test_on_a_gpu_a_measured_step_syncs_with_the_host_once_more_than_any_other()
     assert measured - plain <= 1, (measured, plain)  # one read-back, of every number
     said = health(seen, step=5, where="body")[0]
     assert said["nonfinite"] == 0 and math.isfinite(said["act_mean"])
+
+
+# -- the anchor of benchmarks/audit.py ------------------------------------------------------
+def test_the_benchmarks_by_hand_anchor_says_what_the_audit_says(benchmark_file):
+    """benchmarks/audit.py compares the Audit's cost with the same numbers written in
+    plain torch hooks; that comparison means something only if they are the same
+    numbers, step after step."""
+    bench = benchmark_file("audit")
+    ours, said = bench.trainer(32, 64, 5, Audit(every=1))
+    plain, told = bench.trainer(32, 64, 5, None, bench.ByHand, 1)
+    generator = torch.Generator().manual_seed(3)
+    for _ in range(3):
+        batch = torch.randn(16, 32, generator=generator), torch.randint(0, 5, (16,), generator=generator)
+        ours.step(batch)
+        plain.step(batch)
+    a = [f for f in said if f["fact"] == "health"]
+    b = [f for f in told if f["fact"] == "health"]
+    assert [f["where"] for f in a] == [f["where"] for f in b] == ["body", "head"] * 3
+    for mine, theirs in zip(a, b):
+        for key in ("act_mean", "act_std", "act_zero", "grad_norm", "grad_mean", "grad_std",
+                    "weight_norm", "update_norm", "update_ratio"):
+            # no tensor here is larger than the Audit's sample (4096 entries): every
+            # weight is read whole on both sides, so every number agrees closely
+            assert mine[key] == pytest.approx(theirs[key], rel=1e-4, abs=1e-9), (mine["where"], key)
+        assert mine["nonfinite"] == theirs["nonfinite"] == 0

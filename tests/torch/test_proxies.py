@@ -6,10 +6,7 @@ different units on. Every expected number below is written out with torch arithm
 never by calling the module under test.
 """
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -296,20 +293,9 @@ def test_a_graph_that_answers_no_tensor_is_refused_clearly():
 
 
 # -- the search-space evaluation, small ---------------------------------------------------
-def _benchmark():
-    folder = Path(__file__).resolve().parents[2] / "benchmarks"
-    if str(folder) not in sys.path:  # as `python benchmarks/proxies.py` finds _bench
-        sys.path.insert(0, str(folder))
-    spec = importlib.util.spec_from_file_location("proxies_benchmark", folder / "proxies.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # a dataclass in it looks its module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_the_search_space_evaluation_runs_end_to_end():
+def test_the_search_space_evaluation_runs_end_to_end(benchmark_file):
     pytest.importorskip("sklearn")
-    bench = _benchmark()
+    bench = benchmark_file("proxies")
     rows = bench.evaluate(bench.quick_space(), epochs=1)
     assert [row["name"] for row in rows] == [c.name for c in bench.quick_space()]
     assert all(0.0 <= row["accuracy"] <= 1.0 and set(EVERY) <= set(row) for row in rows)
@@ -319,8 +305,8 @@ def test_the_search_space_evaluation_runs_end_to_end():
     assert all(-1.0 <= rho <= 1.0 and n >= 3 for rho, n in (found[k] for k in ("params", "synflow")))
 
 
-def test_spearman_matches_its_definition_with_ties():
-    bench = _benchmark()
+def test_spearman_matches_its_definition_with_ties(benchmark_file):
+    bench = benchmark_file("proxies")
     assert bench.ranks([3.0, 1.0, 3.0, 2.0]) == [3.5, 1.0, 3.5, 2.0]
     assert bench.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == (1.0, 4)
     assert bench.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == (-1.0, 4)
