@@ -1,6 +1,10 @@
 """A node for the split tests that cross a process boundary: sent by value to the
 worker (network mode), since the worker cannot import the tests."""
 
+import pathlib
+import time
+import uuid
+
 import torch
 
 from somatize import Node, Opaque
@@ -58,10 +62,6 @@ class Meets(Lin):
         self.folder, self.others = folder, others
 
     def forward(self, x, ctx):
-        import pathlib
-        import time
-        import uuid
-
         folder = pathlib.Path(self.folder)
         (folder / uuid.uuid4().hex).touch()
         deadline = time.monotonic() + 20

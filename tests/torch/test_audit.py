@@ -654,7 +654,8 @@ def test_the_benchmarks_by_hand_anchor_says_what_the_audit_says(benchmark_file):
     plain, told = bench.trainer(32, 64, 5, None, bench.ByHand, 1)
     generator = torch.Generator().manual_seed(3)
     for _ in range(3):
-        batch = torch.randn(16, 32, generator=generator), torch.randint(0, 5, (16,), generator=generator)
+        batch = (torch.randn(16, 32, generator=generator),
+                 torch.randint(0, 5, (16,), generator=generator))
         ours.step(batch)
         plain.step(batch)
     a = [f for f in said if f["fact"] == "health"]
