@@ -31,6 +31,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STEPS = int(sys.argv[sys.argv.index("--steps") + 1]) if "--steps" in sys.argv else 200
+SIZE = sys.argv[sys.argv.index("--size") + 1] if "--size" in sys.argv else "tiny"
 WARM = 30
 
 
@@ -76,7 +77,7 @@ def inside(which: str, folder: str) -> None:
     torch.set_num_threads(1)
     import split
 
-    width, rows = split.SIZES["tiny"]
+    width, rows = split.SIZES[SIZE]
     data = [split.batch(width, rows) for _ in range(10)]
     far_out = os.path.join(folder, "far.%p")
     if which == "ours":
@@ -118,7 +119,7 @@ def measured(which: str) -> tuple[float, float]:
     folder = tempfile.mkdtemp(prefix=f"somatize-instructions-{which}-")
     try:
         subprocess.run([*callgrind(os.path.join(folder, "near.%p")), sys.executable, __file__,
-                        "--inside", which, folder, "--steps", str(STEPS)],
+                        "--inside", which, folder, "--steps", str(STEPS), "--size", SIZE],
                        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                        timeout=1800)
         return (_counted(os.path.join(folder, "near.*")) / STEPS,
@@ -148,7 +149,7 @@ def main() -> None:
         print("needs valgrind (apt-get install valgrind): nothing measured")
         return
     ours, plain = measured("ours"), measured("plain")
-    print(f"tiny split step, instructions per step in user space (callgrind, {STEPS} steps "
+    print(f"{SIZE} split step, instructions per step in user space (callgrind, {STEPS} steps "
           f"after {WARM})")
     print(f"{'':12}{'here':>14}{'worker':>14}{'both':>14}")
     for name, (near, far) in (("ours", ours), ("plain torch", plain)):
