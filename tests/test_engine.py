@@ -214,3 +214,33 @@ def test_a_host_without_a_broker_is_refused_before_anything_runs():
     with pytest.raises(DeclarationError, match="host 'w1' and no broker"):
         g.forward(1)
     assert ran == []
+
+
+def test_a_walk_decided_once_runs_again_with_new_values_and_a_changed_graph_decides_anew():
+    from somatize._engine import Pass, compiled
+
+    class Add(Node):
+        def __init__(self, n):
+            self.n = n
+
+        def forward(self, x, ctx):
+            return x + self.n
+
+    g = Graph.somatize(Add(1).named("a") >> Add(10).named("b") >> Add(100).named("c"))
+    walk = compiled(g.data(), ["b", "c"], ("a",), None, False)
+    assert compiled(g.data(), ("b", "c"), ("a",), None, False) is walk  # found, not made again
+    one = Pass()
+    assert [walk.run(one, None, [v], None, None) for v in (0, 5)] == [110, 115]
+    assert one.run(g, 0, nodes=["b", "c"], given={"a": 7}) == 117  # the same walk, by name
+    with pytest.raises(DeclarationError, match="reads 'a', which it does not run"):
+        compiled(g.data(), ["b", "c"], (), None, False)
+    g.freeze("c", "sha256:" + "0" * 64)  # a new data form: its walks are its own
+    assert compiled(g.data(), ["b", "c"], ("a",), None, False) is not walk
+
+
+def test_a_walk_back_over_no_nodes_answers_nothing():
+    from somatize._engine import Pass
+
+    g = Graph.somatize(Echo())
+    assert Pass().back(g, [], {}, []) == {}  # found by the fuzz test of a worker's frames
+    assert Pass().back(g, ["echo"], {"echo": 3}, ["echo"]) == {"echo": 3}

@@ -17,9 +17,10 @@ from typing import Any
 from . import _plan
 from ._errors import DeclarationError
 from ._graph import hand_down
+from ._node import Opaque
 from ._remember import Memory, foreseen
-from ._slices import Runner, Later, Slice, runner_of, fan_out, finish, new_forward_id, spread
-from ._transpose import walk_back
+from ._slices import Runner, Later, Shape, Slice, runner_of, fan_out, new_forward_id, spread
+from ._transpose import backward, walk_back
 from ._walk import LostValue, Mapping, Program, program, settle, walk
 
 __all__ = ["Pass", "execute", "foresee", "run_slice"]
@@ -55,15 +56,18 @@ class Route:
                 if run:
                     self.segments.append(("here", run, None))
                     run = []
+                shapes = [_away(data, r) for r in remotes]
+                # each with the slots its given values are read from, found once
                 self.segments.append(("away", [prog.index[n] for n in locals_],
-                                      [_away(data, r) for r in remotes]))
+                                      [(shape, [(p, prog.index[p]) for p in shape.given])
+                                       for shape in shapes]))
             else:
                 run.extend(prog.index[n] for n in locals_)
         if run:
             self.segments.append(("here", run, None))
         self.away = any(kind == "away" for kind, _, _ in self.segments)
         self.sent = {n for kind, _, remotes in self.segments if kind == "away"
-                     for away in remotes for n in away.nodes}
+                     for shape, _ in remotes for n in shape.nodes}
         # Predecessors outside the walk, which the caller has to hand in.
         self.outside = sorted({p for n in order for p in data.preds[n]
                                if chosen is not None and p not in chosen})
@@ -102,16 +106,9 @@ def _split(step: _plan.Plan) -> tuple[list[str], list[_plan.Remote]]:
     return locals_, remotes
 
 
-class Away:
-    """One Remote as the walk needs it: the slice, what it is handed, what it hands back."""
-
-    def __init__(self, host: str, nodes: tuple[str, ...], given: list[str], needs_input: bool,
-                 wanted: tuple[str, ...]):
-        self.host, self.nodes, self.given = host, nodes, given
-        self.needs_input, self.wanted = needs_input, wanted
-
-
-def _away(data: Any, remote: _plan.Remote) -> Away:
+def _away(data: Any, remote: _plan.Remote) -> Shape:
+    """The shape of the slice one Remote sends: its nodes, what it is handed, what it
+    hands back."""
     nodes = tuple(_plan.node_ids(remote.plan))
     here = set(nodes)
     given: list[str] = []
@@ -125,7 +122,7 @@ def _away(data: Any, remote: _plan.Remote) -> Away:
                 given.append(p)
     wanted = tuple(n for n in nodes
                    if not data.succs[n] or any(s not in here for s in data.succs[n]))
-    return Away(remote.host, nodes, given, needs_input, wanted)
+    return Shape(remote.host, data, nodes, tuple(given), needs_input, wanted)
 
 
 # -- facts ------------------------------------------------------------------------
@@ -220,47 +217,8 @@ class Pass:
         every node in this process whatever its host (what a host does with its slice).
         """
         data = graph.data() if hasattr(graph, "data") else graph
-        prog = program(data)
-        way = route(prog, nodes, here)
-        emit = self.emit
-        value = settle(input, None)
-        vals: list[Any] = [None] * len(prog.ids)
-        index = prog.index
-        if given:
-            for node_id, v in given.items():
-                at = index.get(node_id)
-                vals[index[data.known(node_id)] if at is None else at] = settle(v, node_id)
-        missing = [p for p in way.outside if not given or p not in given]
-        if missing:
-            raise DeclarationError(
-                f"this part of the graph reads {', '.join(map(repr, missing))}, which it does "
-                "not run; hand their values in with given={...}"
-            )
-        wanted = way.wanted if want is None else way.picked(want, data)
-        hooks = None
-        if store is not None and prog.remembers:
-            hooks = Memory.start(prog, way, input, store, wanted, emit)
-        elif prog.maps:
-            hooks = Mapping(prog)
-        backend = runner_of(broker) if way.away else None
-        if way.away and backend is None:
-            host = next(iter(seg[2][0].host for seg in way.segments if seg[0] == "away"))
-            raise DeclarationError(
-                f"this graph sends nodes to host {host!r} and no broker was given; say where it "
-                f"is: forward(..., broker=Broker.embedded({{{host!r}: Worker.at('HOST:PORT')}})), "
-                f"or for a Trainer, Trainer(..., workers={{{host!r}: Worker.at('HOST:PORT')}})"
-            )
-        if not way.away and not later:  # all of it here (a host's slice, a stage): no stops
-            for _, order, _ in way.segments:
-                walk(prog, order, vals, value, hooks, emit, self.since)
-            return _answered(prog, vals, wanted, want is not None)
-        forward_id = new_forward_id() if way.away else None
-        walking = _segments(data, prog, way, vals, value, backend, hooks, emit, self.since,
-                            self.stamping, forward_id, later)
-        if later:
-            return Later(walking, lambda: _answered(prog, vals, wanted, want is not None))
-        finish(walking)
-        return _answered(prog, vals, wanted, want is not None)
+        way = compiled(data, nodes, tuple(given) if given else (), want, here)
+        return way.run(self, input, given.values() if given else (), broker, store, later)
 
     def back(self, graph: Any, nodes: Iterable[str] | None, given: dict[str, Any],
              want: Iterable[str], *, broker: Any = None, here: bool = False,
@@ -269,32 +227,127 @@ class Pass:
         it gave back}`` for each node in ``want``."""
         data = graph.data() if hasattr(graph, "data") else graph
         return walk_back(data, nodes, given or {}, want or [], broker=broker, here=here,
-                         emit=self.emit, stamping=self.stamping, since=self.since, later=later)
+                         one=self, later=later)
 
 
-def _segments(data: Any, prog: Program, way: Route, vals: list[Any], value: Any,
-              backend: Runner | None, hooks: Any, emit: Any, began: int, stamping: Any,
-              forward_id: str | None, later: bool):
-    """The walk's segments in order, as a generator that yields where slices are out
-    (only when ``later``: otherwise it runs through without a stop)."""
-    if way.away:
-        backend.prepare(data)
-    for kind, order, remotes in way.segments:
-        if kind == "here":
-            walk(prog, order, vals, value, hooks, emit, began)
-        else:
-            yield from _meanwhile(prog, order, remotes, vals, value, backend, hooks, emit,
-                                  began, stamping, forward_id, later)
+def compiled(data: Any, nodes: Iterable[str] | None, given: tuple[str, ...],
+             want: Iterable[str] | None, here: bool) -> Walk:
+    """The walk over ``nodes`` handed values for ``given``, answering ``want``: built
+    once per graph and shape of walk (a trainer walks the same stages every step)."""
+    key = ("walk", None if nodes is None else tuple(nodes), given,
+           None if want is None else tuple(want), here)
+    found = data.memo.get(key)
+    if found is None:
+        found = data.memo[key] = Walk(data, key[1], given, key[3], here)
+    return found
 
 
-def _answered(prog: Program, vals: list[Any], wanted: list[int], named: bool) -> Any:
-    """What a walk answers: the outputs asked for by name (``named``), or else its one
-    output, or a map of its outputs."""
-    if named:
-        return {prog.ids[i]: _read(vals[i], prog.ids[i]) for i in wanted}
-    if len(wanted) == 1:
-        return _read(vals[wanted[0]], "the caller")
-    return {prog.ids[i]: _read(vals[i], "the caller") for i in wanted}
+class Walk:
+    """One walk decided once: its route, the slot each value handed in goes to, the
+    outputs it answers, and the shapes of the slices it sends away. ``run`` is then
+    only what this time's values need. Whoever runs the same walk every step may hold
+    one (``compiled``) and call ``run`` with the values in ``given``'s order."""
+
+    __slots__ = ("away", "given", "hooked", "named", "prog", "route", "size", "slots", "wanted")
+
+    def __init__(self, data: Any, nodes: tuple[str, ...] | None, given: tuple[str, ...],
+                 want: tuple[str, ...] | None, here: bool):
+        prog = self.prog = program(data)
+        way = self.route = route(prog, nodes, here)
+        index = prog.index
+        self.slots = [index[n] if n in index else index[data.known(n)] for n in given]
+        missing = [p for p in way.outside if p not in given]
+        if missing:
+            raise DeclarationError(
+                f"this part of the graph reads {', '.join(map(repr, missing))}, which it does "
+                "not run; hand their values in with given={...}"
+            )
+        self.given = given
+        picked = way.wanted if want is None else way.picked(want, data)
+        self.wanted = [(i, prog.ids[i]) for i in picked]
+        self.named = want is not None
+        self.away = way.away
+        self.size = len(prog.ids)
+        self.hooked = prog.remembers or prog.maps  # whether any node is more than a call
+
+    def run(self, one: Pass, input: Any, values: Iterable[Any], broker: Any, store: Any,
+            later: bool = False) -> Any:
+        """Walks it once with these values (in ``given``'s order), as part of ``one``."""
+        value = settle(input, None)
+        vals: list[Any] = [None] * self.size
+        for at, node_id, v in zip(self.slots, self.given, values):
+            vals[at] = v.value if type(v) is Opaque else settle(v, node_id)
+        hooks = None
+        if self.hooked:
+            prog = self.prog
+            if store is not None and prog.remembers:
+                hooks = Memory.start(prog, self.route, input, store,
+                                     [i for i, _ in self.wanted], one.emit)
+            elif prog.maps:
+                hooks = Mapping(prog)
+        if not self.away:
+            if not later:  # all of it here (a host's slice, a stage): no stops
+                prog, emit, since = self.prog, one.emit, one.since
+                for _, order, _ in self.route.segments:
+                    walk(prog, order, vals, value, hooks, emit, since)
+                return self.answered(vals)
+            return Later(self._segments(one, vals, value, None, hooks),
+                         lambda: self.answered(vals))
+        backend = runner_of(broker)
+        if backend is None:
+            host = next(seg[2][0][0].host for seg in self.route.segments if seg[0] == "away")
+            raise DeclarationError(
+                f"this graph sends nodes to host {host!r} and no broker was given; say "
+                f"where it is: forward(..., broker=Broker.embedded({{{host!r}: "
+                f"Worker.at('HOST:PORT')}})), or for a Trainer, Trainer(..., "
+                f"workers={{{host!r}: Worker.at('HOST:PORT')}})"
+            )
+        if later:
+            return Later(self._segments(one, vals, value, backend, hooks),
+                         lambda: self.answered(vals))
+        self._through(one, vals, value, backend, hooks)
+        return self.answered(vals)
+
+    def answered(self, vals: list[Any]) -> Any:
+        """What a walk answers: the outputs asked for by name, or else its one output,
+        or a map of its outputs."""
+        if self.named:
+            return {node_id: _read(vals[i], node_id) for i, node_id in self.wanted}
+        if len(self.wanted) == 1:
+            return _read(vals[self.wanted[0][0]], "the caller")
+        return {node_id: _read(vals[i], "the caller") for i, node_id in self.wanted}
+
+    def _through(self, one: Pass, vals: list[Any], value: Any, backend: Runner,
+                 hooks: Any) -> None:
+        """The walk's segments in order, each wave's slices out and read back before
+        the next: what a caller that waits for the answer runs."""
+        prog, emit, began = self.prog, one.emit, one.since
+        backend.prepare(prog.data)
+        forward_id = new_forward_id()
+        for kind, order, remotes in self.route.segments:
+            if kind == "here":
+                walk(prog, order, vals, value, hooks, emit, began)
+                continue
+            pieces = _pieces(remotes, vals, value, one, forward_id)
+            here = (lambda: walk(prog, order, vals, value, hooks, emit, began)) if order else None
+            _settled(prog, remotes, fan_out(backend, pieces, here), vals, emit)
+
+    def _segments(self, one: Pass, vals: list[Any], value: Any, backend: Runner | None,
+                  hooks: Any):
+        """The walk's segments in order, as a generator that yields once a wave's slices
+        are out, so that whoever drives it does more meanwhile (a pipeline)."""
+        prog, emit, began = self.prog, one.emit, one.since
+        forward_id = None
+        if backend is not None:
+            backend.prepare(prog.data)
+            forward_id = new_forward_id()
+        for kind, order, remotes in self.route.segments:
+            if kind == "here":
+                walk(prog, order, vals, value, hooks, emit, began)
+                continue
+            pieces = _pieces(remotes, vals, value, one, forward_id)
+            here = (lambda: walk(prog, order, vals, value, hooks, emit, began)) if order else None
+            _settled(prog, remotes, (yield from spread(backend, pieces, here)), vals, emit)
 
 
 def _read(v: Any, reader: str) -> Any:
@@ -303,33 +356,35 @@ def _read(v: Any, reader: str) -> Any:
     return v
 
 
-def _meanwhile(prog: Program, order: list[int], remotes: list[Away], vals: list[Any],
-               value: Any, backend: Runner, hooks: Any, emit: Any, began: int,
-               stamping: Any, forward_id: str, later: bool = False):
-    """A wave with Remotes in it: they go out together, local nodes run meanwhile; a
-    generator that yields, when ``later``, while they are out."""
-    pieces = [Slice(away.host, prog.data, away.nodes,
-                    given={p: vals[prog.index[p]] for p in away.given}, input=value,
-                    needs_input=away.needs_input, wanted=away.wanted,
-                    watching=emit is not None, stamping=stamping, forward=forward_id)
-              for away in remotes]
-    here = (lambda: walk(prog, order, vals, value, hooks, emit, began)) if order else None
-    settled = (yield from spread(backend, pieces, here)) if later else fan_out(backend, pieces, here)
+def _pieces(remotes: list[tuple[Shape, list]], vals: list[Any], value: Any, one: Pass,
+            forward_id: str) -> list[Slice]:
+    """This time's slice of each shape in a wave, handed what it reads."""
+    watching, stamping = one.emit is not None, one.stamping
+    return [Slice(shape, {p: vals[at] for p, at in slots}, value, watching, stamping, forward_id)
+            for shape, slots in remotes]
+
+
+def _settled(prog: Program, remotes: list[tuple[Shape, list]],
+             settled: list[tuple[Any, Exception | None]], vals: list[Any], emit: Any) -> None:
+    """What came back from a wave's slices, into their slots (a ``LostValue`` for an
+    output that stayed where it was made); the first failure raised once every answer
+    was read and every fact said."""
     failure = None
-    for away, (outcome, error) in zip(remotes, settled):
+    index = prog.index
+    for (shape, _), (outcome, error) in zip(remotes, settled):
         if error is not None:
             failure = failure or error
             if emit is not None:
                 for fact in getattr(error, "facts", ()):
                     emit(fact)
             continue
-        for node_id in away.wanted:
-            at = prog.index[node_id]
-            if node_id in outcome.values:
-                vals[at] = outcome.values[node_id]
+        values = outcome.values
+        for node_id in shape.wanted:
+            if node_id in values:
+                vals[index[node_id]] = values[node_id]
             else:
                 why = outcome.lost.get(node_id, "it did not come back")
-                vals[at] = LostValue(node_id, away.host, why)
+                vals[index[node_id]] = LostValue(node_id, shape.host, why)
         if emit is not None:
             for fact in outcome.facts:
                 emit(fact)
@@ -339,15 +394,19 @@ def _meanwhile(prog: Program, order: list[int], remotes: list[Away], vals: list[
 
 def run_slice(graph: Any, piece: Slice, facts: list[dict]) -> dict[str, Any]:
     """A slice run by the host it was sent to, whatever carried it there: every node
-    here, ``given`` as handed. Answers the wanted values; what it saw is appended to
-    ``facts`` as it happens (so a failure still has them), without the forward's
-    bracket, which the caller says."""
+    here, ``given`` as handed (its keys the shape's ``given``, in that order). Answers
+    the wanted values; what it saw is appended to ``facts`` as it happens (so a failure
+    still has them), without the forward's bracket, which the caller says."""
     one = Pass(facts.append if piece.watching else None, framed=False)
-    if piece.transposed:
-        return one.back(graph, list(piece.nodes), dict(piece.given), list(piece.wanted),
-                        here=True)
-    return one.run(graph, piece.input, nodes=list(piece.nodes), given=dict(piece.given),
-                   want=list(piece.wanted), here=True)
+    shape = piece.shape
+    found = shape.memo.get("here")  # the shape's walk, here: a host runs it again and again
+    if found is None or found[0] is not graph:
+        way = (backward if shape.transposed else compiled)(
+            graph, shape.nodes, shape.given, shape.wanted, True)
+        found = shape.memo["here"] = (graph, way)
+    if shape.transposed:
+        return found[1].run(one, piece.given, None)
+    return found[1].run(one, piece.input, piece.given.values(), None, None)
 
 
 def foresee(graph: Any, input: Any = None, *, store: Any = None) -> dict[str, Any]:

@@ -1,8 +1,9 @@
 """Slices of a graph that run somewhere else, as the walk sees them.
 
 The walk never learns what a worker, a socket or a cluster is. A stretch of nodes on
-another host is a ``Slice`` (plain data: which nodes, what they are handed, what is
-wanted back), and whoever can run it there is a ``Runner``: a small interface with
+another host is a ``Slice`` (plain data: its ``Shape`` — which nodes, what they are
+handed, what is wanted back, decided once per walk — and this time's values), and
+whoever can run it there is a ``Runner``: a small interface with
 ``prepare`` (tell every host what it will need, before the first node runs), ``run``
 (one slice, answered by an ``Outcome``) and ``submit`` (start one now, read its answer
 later, the way dask's scheduler is handed its ``submit``). The wire's Broker is one
@@ -22,33 +23,73 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Later", "Outcome", "Runner", "Slice", "fan_out", "finish", "new_forward_id", "runner_of",
+__all__ = ["Later", "Outcome", "Runner", "Shape", "Slice", "fan_out", "finish", "new_forward_id", "runner_of",
            "spread", "stands_for"]
 
 
-@dataclass(slots=True)  # not frozen: a frozen one costs 4 µs more to make, per slice
-class Slice:
-    """One stretch of a graph for one host, made by the walk and only read after.
+@dataclass(slots=True, eq=False)  # compared and hashed by identity: backends key on it
+class Shape:
+    """What a slice is apart from its values: the host, the nodes, what is handed in
+    and what is wanted back. Decided once per walk and sent again and again, so a
+    backend may derive whatever it needs of it once (``memo``), keyed on the shape
+    itself, and a transport may say it to its host once per connection.
 
-    ``given`` holds the values of predecessors outside the slice (a ``LostValue`` where
-    one stayed on a host: the backend resolves it there, or raises ``Lost``);
-    ``input`` is the graph's input, sent only if ``needs_input``; ``wanted`` the outputs
-    read outside it; ``forward`` ties the slices of one forward together (so what a
-    host kept for it can be referred to); ``transposed`` walks the nodes against their
-    edges (a stage's backward).
+    ``given`` names the predecessors outside the slice whose values it is handed;
+    ``needs_input`` says it reads the graph's input; ``transposed`` walks the nodes
+    against their edges (a stage's backward).
     """
 
     host: str
     data: Any  # the GraphData the slice is part of
     nodes: tuple[str, ...]
-    given: Mapping[str, Any] = field(default_factory=dict)
-    input: Any = None
+    given: tuple[str, ...] = ()
     needs_input: bool = False
     wanted: tuple[str, ...] = ()
+    transposed: bool = False
+    memo: dict = field(default_factory=dict)
+
+
+@dataclass(slots=True)  # not frozen: a frozen one costs 4 µs more to make, per slice
+class Slice:
+    """One stretch of a graph for one host: its ``shape``, and this time's values.
+
+    ``given`` holds the values of the shape's ``given`` predecessors (a ``LostValue``
+    where one stayed on a host: the backend resolves it there, or raises ``Lost``);
+    ``input`` is the graph's input, sent only if the shape needs it; ``forward`` ties
+    the slices of one forward together (so what a host kept for it can be referred
+    to).
+    """
+
+    shape: Shape
+    given: Mapping[str, Any] = field(default_factory=dict)
+    input: Any = None
     watching: bool = False
     stamping: Mapping[str, Any] | None = None
     forward: str | None = None
-    transposed: bool = False
+
+    @property
+    def host(self) -> str:
+        return self.shape.host
+
+    @property
+    def data(self) -> Any:
+        return self.shape.data
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return self.shape.nodes
+
+    @property
+    def needs_input(self) -> bool:
+        return self.shape.needs_input
+
+    @property
+    def wanted(self) -> tuple[str, ...]:
+        return self.shape.wanted
+
+    @property
+    def transposed(self) -> bool:
+        return self.shape.transposed
 
 
 class Outcome:

@@ -20,95 +20,126 @@ from collections.abc import Iterable
 from typing import Any
 
 from ._errors import DeclarationError
-from ._slices import Later, Slice, runner_of, fan_out, new_forward_id, spread
+from ._slices import Later, Shape, Slice, runner_of, fan_out, new_forward_id, spread
 from ._walk import FAR, MANY, ONE, ROOT, SKIP, Hooks, Program, gather, walk
 
-__all__ = ["GIVEN", "POSITION", "walk_back"]
+__all__ = ["Back", "GIVEN", "POSITION", "backward", "walk_back"]
 
 POSITION = "_soma_position"
 GIVEN = "__given__"
 
 
 def walk_back(data: Any, nodes: Iterable[str] | None, given: dict[str, Any],
-              want: Iterable[str], *, broker: Any, here: bool, emit: Any, stamping: Any,
-              since: int, later: bool = False) -> Any:
-    """Walks ``nodes`` against their edges; answers ``{node: what it gave back}`` for
-    each node in ``want``. ``given`` is what arrives at a node from outside the walk.
-    ``later`` answers a ``Later`` of that as soon as the slices are out."""
-    away, local, want = _parts(data, nodes, tuple(given), tuple(want), here)
-    answered: dict[str, Any] = {}
-    if not away:
-        answered.update(_here(data, local, given, emit, since))
-        done = {n: answered[n] for n in want}
-        return Later(iter(()), lambda: done) if later else done
-    backend = runner_of(broker)
-    if backend is None:
-        raise DeclarationError(
-            f"walking back {away[0][1][0]!r} means reaching host {away[0][0]!r}, and no "
-            "broker was given"
-        )
-    backend.prepare(data)
-    forward_id = new_forward_id()
-    pieces = [Slice(host, data, tuple(part), given={n: given[n] for n in part if n in given},
-                    wanted=tuple(n for n in want if n in part), watching=emit is not None,
-                    stamping=stamping, forward=forward_id, transposed=True)
-              for host, part in away]
-    meanwhile = (lambda: answered.update(_here(data, local, given, emit, since))) if local else None
-
-    def gathered(settled: list) -> dict[str, Any]:
-        for outcome, error in settled:
-            if error is not None:
-                raise error
-            answered.update(outcome.values)
-            if emit is not None:
-                for fact in outcome.facts:
-                    emit(fact)
-        missing = [n for n in want if n not in answered]
-        if missing:
-            raise DeclarationError(f"walking back, {missing} gave nothing that could travel")
-        return {n: answered[n] for n in want}
-    if not later:
-        return gathered(fan_out(backend, pieces, meanwhile))
-    spreading = spread(backend, pieces, meanwhile)
-    out: list[dict[str, Any]] = []
-
-    def walking():
-        out.append(gathered((yield from spreading)))
-    return Later(walking(), lambda: out[0])
+              want: Iterable[str], *, broker: Any, here: bool, one: Any,
+              later: bool = False) -> Any:
+    """Walks ``nodes`` against their edges, as part of the forward ``one`` (an
+    ``_engine.Pass``); answers ``{node: what it gave back}`` for each node in ``want``.
+    ``given`` is what arrives at a node from outside the walk. ``later`` answers a
+    ``Later`` of that as soon as the slices are out."""
+    back = backward(data, nodes, tuple(given), tuple(want), here)
+    return back.run(one, given, broker, later)
 
 
-def _parts(data: Any, nodes: Iterable[str] | None, given: tuple[str, ...],
-           want: tuple[str, ...], here: bool) -> tuple[list, list[str], list[str]]:
-    """Which parts of the walk go to which host, and what is wanted, checked: derived
-    once per graph and shape of walk, since a trainer walks the same one every step."""
+def backward(data: Any, nodes: Iterable[str] | None, given: tuple[str, ...],
+             want: tuple[str, ...], here: bool) -> Back:
+    """The walk back over ``nodes`` handed values for ``given``, answering ``want``:
+    built once per graph and shape of walk, since a trainer walks the same one every
+    step."""
     key = ("walk back", None if nodes is None else tuple(nodes), given, want, here)
     found = data.memo.get(key)
     if found is None:
-        found = data.memo[key] = _parted(data, key[1], given, want, here)
+        found = data.memo[key] = Back(data, key[1], given, want, here)
     return found
 
 
-def _parted(data: Any, nodes: tuple[str, ...] | None, given: tuple[str, ...],
-            want: tuple[str, ...], here: bool) -> tuple[list, list[str], list[str]]:
-    chosen = [data.known(n) for n in (data.ids if nodes is None else nodes)]
-    wanted = [data.known(n) for n in want]
-    for n in given + tuple(wanted):
-        if n not in chosen:
-            raise DeclarationError(f"{n!r} is given to or wanted from a walk it is not part of")
-    hosts = {} if here else data.hosts
-    parts: dict[str | None, list[str]] = {}
-    for n in chosen:
-        parts.setdefault(hosts.get(n), []).append(n)
-    inside = set(chosen)
-    for n in chosen:
-        for s in data.succs[n]:
-            if s in inside and hosts.get(s) != hosts.get(n):
-                raise DeclarationError(
-                    f"{n!r} and {s!r} are on different hosts, so the edge between them is a "
-                    "cut; walk each stage back on its own"
-                )
-    away = [(h, part) for h, part in parts.items() if h is not None]
-    return away, parts.get(None, []), wanted
+class Back:
+    """One walk back decided once: the shapes of the slices it sends away, the
+    program of what it walks here, and what it answers, checked."""
+
+    __slots__ = ("away", "data", "local", "want")
+
+    def __init__(self, data: Any, nodes: tuple[str, ...] | None, given: tuple[str, ...],
+                 want: tuple[str, ...], here: bool):
+        chosen = [data.known(n) for n in (data.ids if nodes is None else nodes)]
+        wanted = [data.known(n) for n in want]
+        for n in given + tuple(wanted):
+            if n not in chosen:
+                raise DeclarationError(f"{n!r} is given to or wanted from a walk it is not part of")
+        hosts = {} if here else data.hosts
+        parts: dict[str | None, list[str]] = {}
+        for n in chosen:
+            parts.setdefault(hosts.get(n), []).append(n)
+        inside = set(chosen)
+        for n in chosen:
+            for s in data.succs[n]:
+                if s in inside and hosts.get(s) != hosts.get(n):
+                    raise DeclarationError(
+                        f"{n!r} and {s!r} are on different hosts, so the edge between them is "
+                        "a cut; walk each stage back on its own"
+                    )
+        self.data, self.want = data, wanted
+        self.away = [Shape(h, data, tuple(part), given=tuple(n for n in part if n in given),
+                           wanted=tuple(n for n in wanted if n in part), transposed=True)
+                     for h, part in parts.items() if h is not None]
+        local = parts.get(None)
+        self.local = transposed(data, tuple(local), given) if local else None
+
+    def run(self, one: Any, given: dict[str, Any], broker: Any, later: bool = False) -> Any:
+        """Walks back once with these values, as part of the forward ``one``."""
+        emit, away, want = one.emit, self.away, self.want
+        answered: dict[str, Any] = {}
+        if not away:
+            if self.local is not None:
+                self._here(given, emit, one.since, answered)
+            done = {n: answered[n] for n in want}
+            return Later(iter(()), lambda: done) if later else done
+        backend = runner_of(broker)
+        if backend is None:
+            raise DeclarationError(
+                f"walking back {away[0].nodes[0]!r} means reaching host {away[0].host!r}, and "
+                "no broker was given"
+            )
+        backend.prepare(self.data)
+        forward_id = new_forward_id()
+        watching = emit is not None
+        pieces = [Slice(shape, {n: given[n] for n in shape.given}, None, watching, one.stamping,
+                        forward_id)
+                  for shape in away]
+        meanwhile = None
+        if self.local is not None:
+            meanwhile = lambda: self._here(given, emit, one.since, answered)  # noqa: E731
+
+        def gathered(settled: list) -> dict[str, Any]:
+            for outcome, error in settled:
+                if error is not None:
+                    raise error
+                answered.update(outcome.values)
+                if emit is not None:
+                    for fact in outcome.facts:
+                        emit(fact)
+            missing = [n for n in want if n not in answered]
+            if missing:
+                raise DeclarationError(f"walking back, {missing} gave nothing that could travel")
+            return {n: answered[n] for n in want}
+        if not later:
+            return gathered(fan_out(backend, pieces, meanwhile))
+        spreading = spread(backend, pieces, meanwhile)
+        out: list[dict[str, Any]] = []
+
+        def walking():
+            out.append(gathered((yield from spreading)))
+        return Later(walking(), lambda: out[0])
+
+    def _here(self, given: dict[str, Any], emit: Any, since: int,
+              answered: dict[str, Any]) -> None:
+        """Walks back the part of it here, into ``answered``."""
+        prog, hooks = self.local
+        count = len(prog.ids)
+        vals: list[Any] = [None] * (count + len(given))
+        for k, value in enumerate(given.values()):
+            vals[count + k] = value
+        walk(prog, list(range(count)), vals, None, hooks, _backward(emit), since)
+        answered.update(zip(prog.ids, vals))
 
 
 class _Through(Hooks):
@@ -148,20 +179,6 @@ def transposed(data: Any, nodes: tuple[str, ...], given: tuple[str, ...]) -> tup
     prog = Program(order, impls, [data.devices.get(n) for n in order], gathers)
     special = [not getattr(impl, POSITION, False) for impl in impls]
     return prog, _Through(prog, special)
-
-
-def _here(data: Any, nodes: list[str], given: dict[str, Any], emit: Any,
-          since: int) -> dict[str, Any]:
-    key = ("transposed", tuple(nodes), tuple(given))
-    built = data.memo.get(key)
-    if built is None:
-        built = data.memo[key] = transposed(data, tuple(nodes), tuple(given))
-    prog, hooks = built
-    vals: list[Any] = [None] * (len(prog.ids) + len(given))
-    for k, n in enumerate(given):
-        vals[len(prog.ids) + k] = given[n]
-    walk(prog, list(range(len(prog.ids))), vals, None, hooks, _backward(emit), since)
-    return {n: vals[i] for i, n in enumerate(prog.ids)}
 
 
 def _backward(emit: Any) -> Any:

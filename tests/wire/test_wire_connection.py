@@ -147,6 +147,56 @@ def test_one_of_our_errors_keeps_its_class_and_its_traceback(standing):
     assert "wire_nodes.py" in printed and "OutOfStep" in printed
 
 
+# -- 6. a slice's form, said once per connection --------------------------------------
+def test_a_slice_says_its_form_once_and_names_it_by_number_after(standing):
+    worker = standing()
+    graph = Graph.somatize(Shout().at("w1"))
+    with Worker.at(worker.addr, token=TOKEN) as w1:  # a session the hand-made slices run in
+        held = Broker({"w1": w1}).session()
+        assert graph.forward("x", broker=held) == "X"
+    sock, channel, _, _ = authenticated(worker.addr)
+    form = {"n": ["shout"], "w": ["shout"], "s": held.id}
+
+    def send(header, text):
+        channel.send("slice", {**header, "f": new_nonce()[:16], "v": {"i": text, "g": {}}})
+
+    def call(header, text):
+        send(header, text)
+        return channel.recv()
+    said = call({**form, "p": 0}, "said in full")
+    assert said.kind == "done" and said.header["v"] == {"shout": "SAID IN FULL"}
+    named = call({"p": 0}, "named")
+    assert named.kind == "done" and named.header["v"] == {"shout": "NAMED"}
+    assert call(form, "neither").header["v"] == {"shout": "NEITHER"}  # no number: as ever
+    send({"p": 5}, "never said")  # a number this connection was never told: dropped
+    assert dropped(sock)
+    worker.wait_log("a slice naming form '5', which this connection was never told")
+    sock, channel, _, _ = authenticated(worker.addr)  # a new connection knows no form
+    send({"p": 0}, "named elsewhere")
+    assert dropped(sock)
+    sock, channel, _, _ = authenticated(worker.addr)
+    send({**form, "p": 1}, "out of order")  # forms are numbered 0, 1, 2... as they come
+    assert dropped(sock)
+    worker.wait_log("a slice numbering its form '1' where 0 was next")
+
+
+def test_the_client_says_a_form_in_full_once_per_connection(standing):
+    worker = standing()
+    graph = Graph.somatize(Shout().at("w1"))
+    with Worker.at(worker.addr, token=TOKEN) as w1:
+        sizes = []
+        for _ in range(3):
+            before = w1.link.traffic()["sent"]
+            assert graph.forward("x", broker={"w1": w1}) == "X"
+            sizes.append(w1.link.traffic()["sent"] - before)
+        # the first slice said its session, nodes and outputs; the others a number
+        assert sizes[1] == sizes[2] < sizes[0] - 30
+        w1.link.close()  # a new connection: the form is said in full again, and runs
+        before = w1.link.traffic()["sent"]
+        assert graph.forward("y", broker={"w1": w1}) == "Y"
+        assert w1.link.traffic()["sent"] - before > sizes[1]
+
+
 # -- 7. the log, and malformed frames from an authenticated peer --------------------
 FORGED = "\n2030-01-01 00:00:00.000 somatize.worker[1] connection 9 from 10.0.0.1:1: authenticated in 0.1 ms"
 
@@ -204,9 +254,9 @@ class Forgery:
              "v": st.fixed_dictionaries({"i": tree}, optional={"g": given | anything}),
              "s": st.just(session) | st.just(session) | sessions},
             optional={"r": names | anything, "x": st.booleans() | anything,
-                      "t": st.booleans() | anything})
+                      "t": st.booleans() | anything, "p": st.integers(-1, 2) | anything})
         wild = st.dictionaries(st.sampled_from(["n", "w", "f", "v", "r", "x", "t", "c", "kind",
-                                                "s"]), anything | sessions, max_size=5)
+                                                "s", "p"]), anything | sessions, max_size=5)
         self.frame = st.one_of(
             st.tuples(st.just("slice"), nearly, st.lists(st.binary(max_size=64), max_size=3),
                       st.booleans()),

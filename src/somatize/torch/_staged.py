@@ -27,12 +27,13 @@ from typing import Any
 
 import torch
 
-from .._engine import Pass
+from .._engine import Pass, Walk, compiled
 from .._errors import CacheError, DeclarationError, NodeError
 from .._graph import DECLARATIONS, Graph, GraphData, assembled, generated
 from .._node import Opaque
 from .._plan import stages
 from .._slices import runner_of, finish
+from .._transpose import Back, backward
 from ._audit import Audit
 from ._learning import HEALTH, Learning, envelope, gradient, narrowed, widened
 from ._weights import ASKING, LOADING
@@ -128,6 +129,8 @@ class Stage:
             kinds = {trains[n].compress for n in self.trainers if enters[n] in takers}
             if len(kinds) == 1 and len(takers) == sum(enters[n] in takers for n in self.trainers):
                 self.narrowing[p] = kinds.pop()
+        self.narrows = [self.narrowing.get(p) for p in self.outside]  # in the given order
+        self.compress = [trains[n].compress for n in self.back_given]
         for n in self.trainers:  # what a trainer makes crosses when nobody here takes it
             trains[n].crossing(out=not any(s in inside for s in succs[n]))
         trained = set(self.trained)
@@ -169,6 +172,7 @@ class StagedDriver:
         self.broker = self._session()
         self.store = store
         self._passed: Any = None
+        self._compiled: tuple[Any, list[tuple[Walk, Back | None]]] = (None, [])
         self.health: list[dict[str, Any]] = []  # what trainers on workers measured
 
     def _session(self) -> Any:
@@ -224,6 +228,19 @@ class StagedDriver:
                 watcher(fact)
         return tell
 
+    def _walks(self) -> list[tuple[Walk, Back | None]]:
+        """Each stage's walk forward and, where it trains, its walk back, decided once
+        per data form of the rewired graph (an Audit's hooks make a new one)."""
+        data = self.private.data()
+        made_for, walks = self._compiled
+        if data is not made_for:
+            walks = [(compiled(data, stage.nodes, tuple(stage.outside), stage.wanted, False),
+                      backward(data, stage.trained, tuple(stage.back_given),
+                               tuple(stage.reporting), False) if stage.trainers else None)
+                     for stage in self.stages]
+            self._compiled = (data, walks)
+        return walks
+
     def forward(self, x: Any, one: Pass) -> Any:
         """Runs every stage in order, as pieces of the forward ``one``; answers the
         graph's output, made of fresh leaves so the objective's backward stops at the
@@ -237,20 +254,20 @@ class StagedDriver:
         produced: dict[str, Any] = {}
         handed: list[dict[str, Any]] = []
         numbers: list[int] = []  # which forward of its stage this one is, in the pipe
-        for k, stage in enumerate(self.stages):
+        later, broker = pipe is not None, self.broker
+        store = self.store
+        for k, (stage, (walk, _)) in enumerate(zip(self.stages, self._walks())):
             leaves = {p: _fresh(produced[p]) for p in stage.outside}
-            narrowing = stage.narrowing
-            answer = one.run(self.private, x, nodes=stage.nodes,
-                             given={p: Opaque(narrowed(v, narrowing.get(p)))
-                                    for p, v in leaves.items()}, want=stage.wanted,
-                             broker=self.broker, store=self.store if k == 0 else None,
-                             later=pipe is not None)
-            if pipe is not None:
+            answer = walk.run(one, x, [Opaque(narrowed(leaf, dtype)) for leaf, dtype
+                                       in zip(leaves.values(), stage.narrows)],
+                              broker, store if k == 0 else None, later)
+            if later:
                 numbers.append(pipe.forwarded(k))
                 if answer.waiting:
                     yield
                 answer = answer.result()
-            produced.update((n, widened(v)) for n, v in answer.items())
+            for n, v in answer.items():
+                produced[n] = widened(v)
             handed.append(leaves)
         # An output made here by an untrained node keeps its graph, so the objective's
         # backward runs straight through its stage; only a trainer's (detached) or a
@@ -277,14 +294,17 @@ class StagedDriver:
             if n not in self.through:  # those already passed their gradient on
                 _add(owed, n, getattr(leaf, "grad", None))
         last = len(self.stages) - 1
-        for k, (stage, leaves) in enumerate(zip(reversed(self.stages), reversed(handed))):
-            if stage.trainers:
-                back = 0 if pipe is None else pipe.behind(last - k, numbers[last - k])
-                answers = self._walk_back(stage, {n: envelope(
-                    narrowed(owed.get(n), self.trains[n].compress), behind=back)
-                    for n in stage.back_given}, one,
-                                          later=pipe is not None)
-                if pipe is not None:
+        later, broker = pipe is not None, self.broker
+        walks = self._walks()
+        for k in range(last, -1, -1):
+            stage, leaves = self.stages[k], handed[k]
+            back = walks[k][1]
+            if back is not None:
+                behind = 0 if pipe is None else pipe.behind(k, numbers[k])
+                answers = back.run(one, {n: envelope(narrowed(owed.get(n), dtype), behind=behind)
+                                         for n, dtype in zip(stage.back_given, stage.compress)},
+                                   broker, later)
+                if later:
                     if answers.waiting:
                         yield
                     answers = answers.result()
@@ -304,10 +324,10 @@ class StagedDriver:
 
     def close(self, one: Pass) -> None:
         """Ends every trainer's open group: a closing, empty envelope walked back."""
-        for stage in reversed(self.stages):
-            if stage.trainers:
-                self._walk_back(stage, {n: envelope(None, closing=True)
-                                        for n in stage.back_given}, one)
+        for stage, (_, back) in zip(reversed(self.stages), reversed(self._walks())):
+            if back is not None:
+                back.run(one, {n: envelope(None, closing=True) for n in stage.back_given},
+                         self.broker)
 
     def weights(self, node: str) -> dict[str, Any]:
         """The weights of a trained node as they are where it runs: asked of its
@@ -336,11 +356,6 @@ class StagedDriver:
                 f"{cause} (checked by the trainer of {node!r} on host {exc.host!r}); nothing "
                 "was loaded, here or there") from exc
 
-    def _walk_back(self, stage: Stage, given: dict[str, Any], one: Pass,
-                   later: bool = False) -> Any:
-        return one.back(self.private, stage.trained, given, stage.reporting,
-                        broker=self.broker, later=later)
-
     def pipelines(self, pieces: int) -> bool:
         """Whether a step of ``pieces`` would overlap: some stage runs on a worker, over
         a backend that runs each host's slices in the order they were sent, and no
@@ -362,11 +377,11 @@ class StagedDriver:
     def _heard(self, answers: dict[str, Any]) -> None:
         """Keeps the health facts that came back beside the gradients, with the host
         of the trainer that measured them."""
-        hosts = self.private.hosts()
         for entry, answer in answers.items():
-            host = hosts.get(entry)
-            for fact in answer.get(HEALTH, ()) if type(answer) is dict else ():
-                self.health.append({**fact, "host": host} if host else fact)
+            if type(answer) is dict and HEALTH in answer:
+                host = self.private.hosts().get(entry)
+                for fact in answer[HEALTH]:
+                    self.health.append({**fact, "host": host} if host else fact)
 
     def audited(self, audit: Any, pieces: int) -> None:
         """Has each trainer on a worker measure its node like ``audit`` would here

@@ -20,10 +20,10 @@ from typing import Any
 from .._dsl import is_host_name
 from .._errors import DeclarationError, Lost, UnwritableError, WireError
 from .._graph import made_from
-from .._slices import Outcome, Runner, Slice, stands_for
+from .._slices import Outcome, Runner, Shape, Slice, stands_for
 from .._walk import LostValue
 from .catalog import catalog_id, pack_values, runtime_of
-from .transport import Place, Request, Staged, Tenancy
+from .transport import Form, Place, Request, Staged, Tenancy
 
 __all__ = ["Broker", "Session"]
 
@@ -195,6 +195,7 @@ class Session(Runner):
         self.id, self._tenancies = owned if owned is not None else (secrets.token_bytes(16), {})
         self._prepared: Any = None  # the data form staged last: a forward stages each time
         self._hosts: dict[str, tuple[Place, Tenancy]] = {}  # each host's wire, found once
+        self._forms: dict[Shape, tuple[Place, Form]] = {}  # each shape's wire and form, made once
 
     @property
     def ordered(self) -> bool:  # type: ignore[override]
@@ -225,8 +226,8 @@ class Session(Runner):
         return worker.link.run(request)
 
     def submit(self, piece: Slice) -> Any:
-        worker, _ = self._place(piece.host)
-        if not worker.link.ordered:
+        worker, _ = self._form(piece.shape)
+        if not worker.link.ordered:  # a host that may reorder what is sent ahead: a thread
             return super().submit(piece)
         worker, request = self._request(piece)
         return worker.link.submit(request)
@@ -246,38 +247,48 @@ class Session(Runner):
             found = self._hosts[host] = (worker, self._tenancy(worker))
         return found
 
+    def _form(self, shape: Shape) -> tuple[Place, Form]:
+        """The wire a shape of slice goes over and what its requests always say; made
+        once per shape, since a walk sends the same shapes again and again."""
+        found = self._forms.get(shape)
+        if found is None:
+            worker, tenancy = self._place(shape.host)
+            found = self._forms[shape] = (worker, Form(tenancy, shape.host, list(shape.nodes),
+                                                       list(shape.wanted), shape.transposed))
+        return found
+
     def _request(self, piece: Slice) -> tuple[Place, Request]:
         """The wire a slice goes over, and the request its link sends."""
-        host, data = piece.host, piece.data
-        worker, tenancy = self._place(host)
+        shape = piece.shape
+        worker, form = self._form(shape)
+        data = shape.data
         if data is not self._prepared:
             self.prepare(data)
-        values: dict[str, Any] = {}
+        values = piece.given
         refs: list[str] = []
-        for pred, value in piece.given.items():
+        for pred, value in values.items():
             if type(value) is LostValue:
                 if self.broker.token_for(value.host) != worker.wire:
-                    raise _stranded(data, pred, value, piece.nodes, host)
+                    raise _stranded(data, pred, value, shape.nodes, shape.host)
                 refs.append(pred)
-            else:
-                values[pred] = value
+        if refs:
+            values = {pred: value for pred, value in values.items() if pred not in refs}
         buffers: list[Any] = []
         trees, refused = pack_values(values, buffers)
         if refused:
             pred, why = next(iter(refused.items()))
-            readers = [n for n in piece.nodes if pred in data.preds[n]]
+            readers = [n for n in shape.nodes if pred in data.preds[n]]
             raise UnwritableError(
-                f"the output of node {pred!r} cannot travel to host {host!r}, where "
+                f"the output of node {pred!r} cannot travel to host {shape.host!r}, where "
                 f"{', '.join(map(repr, readers))} read{'s' if len(readers) == 1 else ''} it: {why}")
         tree: dict[str, Any] = {"g": trees}
-        if piece.needs_input:
+        if shape.needs_input:
             packed, refused = pack_values({"i": piece.input}, buffers)
             if refused:
-                raise UnwritableError(f"the input cannot travel to host {host!r}: {refused['i']}")
+                raise UnwritableError(f"the input cannot travel to host {shape.host!r}: "
+                                      f"{refused['i']}")
             tree.update(packed)
-        return worker, Request(tenancy, host, list(piece.nodes), tree, buffers, refs,
-                               list(piece.wanted), piece.watching, piece.forward,
-                               piece.transposed)
+        return worker, Request(form, tree, buffers, refs, piece.watching, piece.forward)
 
     def __repr__(self) -> str:
         return f"Session({self.id.hex()[:12]} on {self.broker!r}{', keeps state' if self.keeps else ''})"

@@ -22,8 +22,8 @@ from .._errors import ProtocolError, Silent, Unauthorised, WireError
 from .._slices import Outcome
 from .channel import Channel, Closed
 from .protocol import HANDSHAKE, VERSION, Keyed, connection_key, derive_key, new_nonce, proof
-from .transport import (Link, Pending, Request, Tenancy, catalog_refused, outcome_of,
-                        state_lost)
+from .transport import (FORMS, Form, Link, Pending, Request, Tenancy, catalog_refused,
+                        outcome_of, state_lost)
 
 __all__ = ["SocketLink", "SocketPending"]
 
@@ -32,11 +32,11 @@ class SocketPending(Pending):
     """A slice sent on a socket and not answered yet: ``result()`` reads its answer (and
     those of the slices sent before it on the same connection, which come first)."""
 
-    __slots__ = ("args", "sent_at")
+    __slots__ = ("request", "sent_at")
 
     def __init__(self, link: SocketLink, request: Request):
         super().__init__(link, request)
-        self.args: tuple | None = (request.header(), request.buffers)
+        self.request: Request | None = request  # what to send, again if the worker asks
         self.sent_at = 0.0  # time.monotonic() when it went out, for a call's deadline
 
 
@@ -59,6 +59,8 @@ class SocketLink(Link):
         self.inflight: collections.deque[SocketPending] = collections.deque()
         self._sending = False
         self._carried = [0, 0]  # bytes sent and received on connections since dropped
+        # The forms this connection said in full, by the number the worker knows them by.
+        self._said: dict[Form, int] = {}
 
     # -- a slice --------------------------------------------------------------------
     def run(self, request: Request) -> Outcome:
@@ -82,8 +84,7 @@ class SocketLink(Link):
     def _send(self, pending: SocketPending, retry: bool) -> None:
         """Sends a slice (under the lock), reading earlier answers meanwhile where the
         socket is full, so that neither side waits on the other to read."""
-        host, nodes = pending.host, pending.nodes
-        header, buffers = pending.args
+        host, nodes, request = pending.host, pending.nodes, pending.request
         for attempt in (0, 1):
             fresh = self._open(host)
             if not pending.tenancy.declared_in(self.instance):
@@ -91,11 +92,12 @@ class SocketLink(Link):
                 self._declare(host, pending.tenancy)
             if self.inflight and not self.channel.duplex:
                 self._settle_all()  # TLS cannot read while it sends: no overlap there
+            header, naming = self._header(request)
             began = time.perf_counter_ns()
             reading = self._read_more if self.inflight else None
             self._sending = True
             try:
-                sent = self.channel.send("slice", header, buffers, reading=reading)
+                sent = self.channel.send("slice", header, request.buffers, reading=reading)
             except ProtocolError as exc:  # refused before a byte went: the connection is well
                 raise self._too_large(host, f"slice {nodes}", exc) from None
             except TimeoutError:
@@ -108,10 +110,27 @@ class SocketLink(Link):
                 raise self._broken(host, f"while sending slice {nodes}", exc) from None
             finally:
                 self._sending = False
+            if naming is not None:  # said in full and numbered: named by its number from now on
+                self._said[request.form] = naming
             pending.sent, pending.took_sent = sent, (time.perf_counter_ns() - began) // 1000
             pending.sent_at = time.monotonic()
             self.inflight.append(pending)
             return
+
+    def _header(self, request: Request) -> tuple[dict[str, Any], int | None]:
+        """The request's header on this connection: its form named by number when it was
+        said here before, else said in full with the number it will go by (answered
+        beside, to be kept once the frame went out), or said in full every time once
+        this connection named as many forms as it may."""
+        number = self._said.get(request.form)
+        if number is not None:
+            return request.header({"p": number}), None
+        header = request.header()
+        number = len(self._said)
+        if number >= FORMS:
+            return header, None
+        header["p"] = number
+        return header, number
 
     def settle(self, pending: SocketPending) -> None:
         """Reads answers, oldest first, until ``pending``'s is in."""
@@ -139,7 +158,7 @@ class SocketLink(Link):
         deadline = self.worker.deadline
         until = pending.sent_at + deadline if deadline is not None else None
         try:
-            reply = self._answer(host, f"while running slice {nodes}", until, nodes)
+            reply = self._answer(host, None, until, nodes)
         except BaseException as exc:  # the connection is gone: so is every answer owed
             self.inflight.clear()
             for each in owed:
@@ -154,13 +173,13 @@ class SocketLink(Link):
                     host, self.worker.where(host), tenancy,
                     reply.header.get("gone") or "the worker let go of its session"))
                 return
-            if not self.inflight and pending.args is not None and not self._sending:
+            if not self.inflight and pending.request is not None and not self._sending:
                 # alone on the wire: declared again and sent once more
                 try:
                     self._send(pending, retry=False)
                 except BaseException as exc:
                     self._settle(pending, None, exc)
-                pending.args = None  # no third time
+                pending.request = None  # no third time
                 return
             self._settle(pending, None, WireError(
                 f"host {host!r}: the worker keeps letting go of this client's session "
@@ -178,7 +197,7 @@ class SocketLink(Link):
     @staticmethod
     def _settle(pending: SocketPending, outcome: Outcome | None, error: BaseException | None) -> None:
         pending.outcome, pending.error, pending.settled = outcome, error, True
-        pending.args = None
+        pending.request = None
 
     def _fail_inflight(self, exc: BaseException) -> None:
         while self.inflight:
@@ -395,11 +414,13 @@ class SocketLink(Link):
         except OSError as exc:
             raise self._broken(host, f"while sending {kind!r}", exc) from None
 
-    def _answer(self, host: str, doing: str, until: float | None = None,
+    def _answer(self, host: str, doing: str | None, until: float | None = None,
                 nodes: Any = None) -> Any:
         """The next frame that is not a heartbeat; a silence past the timeout is Silent,
         and no answer by ``until`` (a call's deadline, a ``time.monotonic()``) is a
-        WireError naming the slice's ``nodes``, the connection dropped with it."""
+        WireError naming the slice's ``nodes``, the connection dropped with it. What it
+        was ``doing`` is said in the error (None: running the slice ``nodes``), and
+        worded only then."""
         channel = self.channel
         try:
             while True:
@@ -416,7 +437,7 @@ class SocketLink(Link):
                     f"host {host!r} ({self.worker.where(host)}): slice {nodes} did not answer "
                     f"within its deadline of {self.worker.deadline:g} s (Worker(..., deadline=)); "
                     "the worker may still be computing it, and serves on", host=host) from None
-            raise self._translated(host, doing, exc) from None
+            raise self._translated(host, doing or f"while running slice {nodes}", exc) from None
         finally:
             if until is not None and self.channel is channel:
                 channel.sock.settimeout(self.worker.timeout)
@@ -454,6 +475,7 @@ class SocketLink(Link):
 
     def _drop(self) -> None:
         channel, self.channel = self.channel, None
+        self._said = {}  # a new connection knows no form
         if channel is not None:
             self._carried[0] += channel.sent
             self._carried[1] += channel.received

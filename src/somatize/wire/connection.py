@@ -18,8 +18,10 @@ from typing import Any, Protocol
 
 from .._errors import ProtocolError
 from .channel import Channel, Closed
-from .host import Holding, Refused, Sessions, answer, failed, provisioned, refused_catalog, short
+from .host import (Holding, Refused, Sessions, SliceForm, answer, failed, provisioned,
+                   refused_catalog, short, slice_form)
 from .log import quoted, say
+from .transport import FORMS
 from .protocol import (
     HANDSHAKE,
     VERSION,
@@ -66,6 +68,7 @@ class Connection:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.channel = Channel(sock, server.limits)
         self.holding = Holding()  # what stayed here for this client's forward
+        self.forms: list[SliceForm] = []  # what slices said in full here, by number
         self.busy_since: float | None = None
         self.interval = 1.0
         self.thread_done = threading.Event()
@@ -287,10 +290,11 @@ class Connection:
 
     def _on_slice(self, frame: Any) -> None:
         began = time.perf_counter()
-        nodes = frame.header.get("n")
+        form = self._form(frame.header)
+        nodes = frame.header.get("n") if form is None else form.nodes
         self.busy_since = time.monotonic()  # a codec's first use may import it (torch: seconds)
         try:
-            reply = answer(self.server.sessions, frame.header, frame.buffers, self.holding)
+            reply = answer(self.server.sessions, frame.header, frame.buffers, self.holding, form)
         finally:
             self.busy_since = None
         frame = None  # let its buffers go before the answer is sent
@@ -308,6 +312,27 @@ class Connection:
         if reply.kind == "done":
             say.routine("%s: slice %s ran in %.1f ms, answered %d bytes", self.name, nodes,
                         (time.perf_counter() - began) * 1e3, size)
+
+
+    def _form(self, head: dict[str, Any]) -> SliceForm | None:
+        """The form a slice request says in full and numbers (kept, under the next
+        number, for the requests after it on this connection), or names by its number;
+        None for a request that does neither."""
+        number = head.get("p")
+        if number is None:
+            return None
+        forms = self.forms
+        if "n" in head:  # said in full: numbered in order, and at most FORMS of them
+            if type(number) is not int or number != len(forms) or number >= FORMS:
+                raise ProtocolError(f"a slice numbering its form {quoted(number, 20)} where "
+                                    f"{len(forms)} was next")
+            form = slice_form(head)
+            forms.append(form)
+            return form
+        if type(number) is not int or not 0 <= number < len(forms):
+            raise ProtocolError(f"a slice naming form {quoted(number, 20)}, which this "
+                                "connection was never told")
+        return forms[number]
 
 
 def _session_of(frame: Any) -> bytes:

@@ -23,12 +23,12 @@ from .._engine import run_slice
 from .._errors import NodeError, ProtocolError, SomaError
 from .._graph import made_from
 from .._node import Opaque
-from .._slices import Slice
+from .._slices import Shape, Slice
 from .catalog import build, catalog_id, pack_values, unpack_values
 from .log import say
 
-__all__ = ["Answer", "Holding", "Refused", "Sessions", "Sharing", "Tenant", "answer",
-           "provisioned", "refused_catalog", "short"]
+__all__ = ["Answer", "Holding", "Refused", "Sessions", "Sharing", "SliceForm", "Tenant",
+           "answer", "provisioned", "refused_catalog", "short", "slice_form"]
 
 # The engine's own bracket of a walk; the client brackets the forward itself.
 _BRACKET = frozenset(("began", "finished"))
@@ -325,19 +325,59 @@ def refused_catalog(exc: Exception) -> tuple[dict[str, Any], str]:
 _STR = frozenset((str,))  # what every name in a slice's header is
 
 
-def answer(sessions: Sessions, head: Any, buffers: list[Any], holding: Holding) -> Answer:
+class SliceForm:
+    """What a slice request says that is the same every time it is sent (the client's
+    ``transport.Form``), read and checked: its session, nodes, the outputs wanted, and
+    whether it walks its nodes back. A connection keeps the forms it was told, so a
+    request that names one is not read and checked again, and the slice it makes in a
+    session's catalog is made once (``shape``)."""
+
+    __slots__ = ("_shapes", "nodes", "session", "transposed", "wanted")
+
+    def __init__(self, session: bytes, nodes: list[str], wanted: list[str], transposed: bool):
+        self.session, self.nodes, self.wanted = session, nodes, wanted
+        self.transposed = transposed
+        self._shapes: dict[Any, Shape] = {}
+
+    def shape(self, graph: Any, given: tuple[str, ...]) -> Shape:
+        """The slice this form is in ``graph`` (a catalog's) handed values for ``given``:
+        made once, and then found, for the few catalogs and names one form meets."""
+        key = (graph, given)
+        found = self._shapes.get(key)
+        if found is None:
+            if len(self._shapes) >= 8:  # a session that keeps replacing its catalog
+                self._shapes.clear()
+            found = self._shapes[key] = Shape("", graph, tuple(self.nodes), given,
+                                              wanted=tuple(self.wanted),
+                                              transposed=self.transposed)
+        return found
+
+
+def slice_form(head: Any) -> SliceForm:
+    """The form a request header says in full; anything malformed is a ProtocolError."""
+    nodes, wanted, session = head.get("n"), head.get("w"), head.get("s")
+    if (type(nodes) is not list or type(wanted) is not list or type(session) is not bytes
+            or not _STR.issuperset(map(type, nodes + wanted))):
+        raise ProtocolError("a slice frame without its session, nodes or outputs")
+    return SliceForm(session, nodes, wanted, bool(head.get("t")))
+
+
+def answer(sessions: Sessions, head: Any, buffers: list[Any], holding: Holding,
+           form: SliceForm | None = None) -> Answer:
     """Runs the slice a request header describes, here, against the catalog of the
     session it names (``s``): ``"need"`` when this host holds no such session, with
-    why it is gone (``gone``) where it once held it.
+    why it is gone (``gone``) where it once held it. ``form`` is what the header would
+    say in full, where the transport read it from an earlier request.
 
     A request that is not a slice of ours raises ProtocolError (the transport drops
     whoever sent it); anything the slice itself raises is answered as an error."""
-    nodes, wanted, forward = head.get("n"), head.get("w"), head.get("f")
-    session = head.get("s")
-    if (type(nodes) is not list or type(wanted) is not list or type(forward) is not bytes
-            or type(session) is not bytes or not _STR.issuperset(map(type, nodes + wanted))):
-        raise ProtocolError("a slice frame without its session, nodes, outputs or forward")
-    tenant, gone = sessions.lookup(session)
+    if form is None:
+        form = slice_form(head)
+    transposed = form.transposed
+    forward = head.get("f")
+    if type(forward) is not bytes:
+        raise ProtocolError("a slice frame without its forward")
+    tenant, gone = sessions.lookup(form.session)
     if tenant is None:
         return Answer("need", {"gone": gone} if gone else {}, [])
     if forward != holding.forward:  # what stayed for an earlier forward is nobody's now
@@ -352,54 +392,54 @@ def answer(sessions: Sessions, head: Any, buffers: list[Any], holding: Holding) 
         raise ProtocolError("a slice whose values or references are malformed")
     # Values arrive unwrapped, as the walk holds them; Opaque lets them in as they
     # are. A walk back hands what it is given to its nodes untouched.
-    wrap = (lambda value: value) if head.get("t") else Opaque
-    given = {node: wrap(value) for node, value in values.get("g", {}).items()}
+    given = values.get("g", {})
+    if not transposed:
+        given = {node: Opaque(value) for node, value in given.items()}
     for ref in refs:
         if ref not in holding.held:
             return Answer("error", {"e": "Lost", "node": ref, "m": (
                 f"the output of node {ref!r} is no longer here: the worker kept it for one "
                 "forward, and it restarted or another forward began since")}, [])
-        given[ref] = wrap(holding.held[ref])
+        given[ref] = holding.held[ref] if transposed else Opaque(holding.held[ref])
+    piece = Slice(form.shape(tenant.graph, tuple(given)), given, Opaque(values.get("i")),
+                  bool(head.get("x")))
     with tenant.lock:  # one session's slices one at a time, whoever sends them
         tenant.live = True
         if not tenant.shares:
-            return _run(tenant.graph, nodes, wanted, given, Opaque(values.get("i")),
-                        bool(head.get("x")), bool(head.get("t")), holding)
+            return _run(piece, holding)
         with sessions.sharing.lock:  # what is shared, by one slice at a time
-            return _run(tenant.graph, nodes, wanted, given, Opaque(values.get("i")),
-                        bool(head.get("x")), bool(head.get("t")), holding)
+            return _run(piece, holding)
 
 
-def _run(graph: Any, nodes: list[str], wanted: list[str], given: dict[str, Any], input: Any,
-         watching: bool, transposed: bool, holding: Holding) -> Answer:
+def _run(piece: Slice, holding: Holding) -> Answer:
     facts: list[dict] = []
     began = time.perf_counter()
     try:
-        out = run_slice(graph, Slice("", graph, tuple(nodes), given=given, input=input,
-                                     wanted=tuple(wanted), watching=watching,
-                                     transposed=transposed), facts)
+        out = run_slice(piece.data, piece, facts)
     except Exception as exc:  # the one boundary where a slice's failure is translated
-        return failed(exc, facts, f"slice {nodes} failed after "
+        return failed(exc, facts, f"slice {list(piece.nodes)} failed after "
                                   f"{(time.perf_counter() - began) * 1e3:.1f} ms: {exc}")
     except (KeyboardInterrupt, SystemExit) as exc:  # a node's, not this worker's to obey
-        node, kind = getattr(exc, "soma_node", nodes[0]), type(exc).__name__
+        node, kind = getattr(exc, "soma_node", piece.nodes[0]), type(exc).__name__
         error = NodeError(
             f"node {node!r} raised {kind}({exc}) on the worker; a worker does not stop for a "
             f"node's {kind} (it serves on): raise an ordinary exception to fail a slice",
             node=node, kind=kind)
         error.__cause__ = exc
-        return failed(error, facts, f"slice {nodes}: node {node!r} raised {kind}; serving on")
+        return failed(error, facts, f"slice {list(piece.nodes)}: node {node!r} raised {kind}; "
+                                    "serving on")
     buffers: list[Any] = []
     try:
         trees, refused = pack_values(out, buffers)
     except Exception as exc:  # a codec that failed otherwise than by refusing
-        return failed(exc, facts, f"slice {nodes} ran, and its outputs could not be packed: {exc}")
+        return failed(exc, facts, f"slice {list(piece.nodes)} ran, and its outputs could not "
+                                  f"be packed: {exc}")
     for node in refused:
         holding.held[node] = out[node]
     header: dict[str, Any] = {"v": trees}
     if refused:
         header["l"] = refused
-    if watching:
+    if piece.watching:
         header["x"] = sendable(facts)
     return Answer("done", header, buffers)
 

@@ -26,7 +26,7 @@ from .._slices import Outcome
 from .catalog import MODES, pack_nodes, unpack_values
 from .protocol import Limits
 
-__all__ = ["Link", "Pending", "Place", "RemoteTraceback", "Request", "Staged", "Tenancy",
+__all__ = ["FORMS", "Form", "Link", "Pending", "Place", "RemoteTraceback", "Request", "Staged", "Tenancy",
            "catalog_refused", "checked_deadline", "checked_mode", "checked_timeout",
            "outcome_of", "state_lost"]
 
@@ -76,36 +76,69 @@ class Tenancy:
         return self.learnt and self.instance not in (None, instance)
 
 
-@dataclass(slots=True)
-class Request:
-    """One slice to send, whichever transport carries it: which session it runs in,
-    the host and its nodes, the values' trees and buffers, what stayed there that it
-    reads (``refs``), what is wanted back, whether it is watched, which forward it is
-    part of, and whether it walks its nodes back."""
+#: How many forms one connection names by number (its worker keeps each for the
+#: connection's life); past that, a request says its form in full every time.
+FORMS = 1024
+
+
+@dataclass(eq=False)  # compared and hashed by identity: a link keys what it said on it
+class Form:
+    """What a slice's request says that is the same every time its shape is sent:
+    which session, host and nodes, what is wanted back, whether it walks its nodes
+    back. Made once per session and shape; a link may say it to its host once per
+    connection and name it after that (``header``)."""
 
     tenancy: Tenancy
     host: str
     nodes: list[str]
-    tree: Any
-    buffers: list[Any]
-    refs: list[str]
     wanted: list[str]
-    watching: bool
-    forward: str | None
     transposed: bool = False
 
     def header(self) -> dict[str, Any]:
-        """The slice's request header; what is off is left out, so the common request
-        stays small."""
-        header: dict[str, Any] = {"f": bytes.fromhex(self.forward) if self.forward else bytes(16),
-                                  "n": self.nodes, "w": self.wanted, "v": self.tree,
-                                  "s": self.tenancy.session}
+        """These fields as a request header says them; what is off is left out."""
+        header: dict[str, Any] = {"n": self.nodes, "w": self.wanted, "s": self.tenancy.session}
+        if self.transposed:
+            header["t"] = True
+        return header
+
+
+@dataclass(slots=True)
+class Request:
+    """One slice to send, whichever transport carries it: its ``Form`` (session, host,
+    nodes, what is wanted back, whether it walks back), the values' trees and buffers,
+    what stayed there that it reads (``refs``), whether it is watched, and which
+    forward it is part of."""
+
+    form: Form
+    tree: Any
+    buffers: list[Any]
+    refs: list[str]
+    watching: bool
+    forward: str | None
+
+    @property
+    def tenancy(self) -> Tenancy:
+        return self.form.tenancy
+
+    @property
+    def host(self) -> str:
+        return self.form.host
+
+    @property
+    def nodes(self) -> list[str]:
+        return self.form.nodes
+
+    def header(self, form: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The slice's request header: the form's fields (or ``form``, what stands for
+        them: a link's name for a form it said before) and this call's; what is off is
+        left out, so the common request stays small."""
+        header = self.form.header() if form is None else form
+        header["f"] = bytes.fromhex(self.forward) if self.forward else bytes(16)
+        header["v"] = self.tree
         if self.refs:
             header["r"] = self.refs
         if self.watching:
             header["x"] = True
-        if self.transposed:
-            header["t"] = True
         return header
 
 
@@ -119,8 +152,9 @@ class Pending:
                  "took_sent", "watching")
 
     def __init__(self, link: Link, request: Request):
-        self.link, self.host, self.nodes = link, request.host, request.nodes
-        self.watching, self.tenancy = request.watching, request.tenancy
+        form = request.form
+        self.link, self.host, self.nodes, self.tenancy = link, form.host, form.nodes, form.tenancy
+        self.watching = request.watching
         self.settled = False
         self.outcome: Outcome | None = None
         self.error: BaseException | None = None
