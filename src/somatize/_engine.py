@@ -392,12 +392,15 @@ def _settled(prog: Program, remotes: list[tuple[Shape, list]],
         raise failure
 
 
+_UNWATCHED = Pass(framed=False)  # says nothing, so its clock is never read: one serves them all
+
+
 def run_slice(graph: Any, piece: Slice, facts: list[dict]) -> dict[str, Any]:
     """A slice run by the host it was sent to, whatever carried it there: every node
     here, ``given`` as handed (its keys the shape's ``given``, in that order). Answers
     the wanted values; what it saw is appended to ``facts`` as it happens (so a failure
     still has them), without the forward's bracket, which the caller says."""
-    one = Pass(facts.append if piece.watching else None, framed=False)
+    one = Pass(facts.append, framed=False) if piece.watching else _UNWATCHED
     shape = piece.shape
     found = shape.memo.get("here")  # the shape's walk, here: a host runs it again and again
     if found is None or found[0] is not graph:

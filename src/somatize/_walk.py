@@ -151,7 +151,7 @@ def walk(prog: Program, order: list[int], vals: list[Any], value: Any, hooks: Ho
     special = prog.plain if hooks is None else hooks.special
     data = _DATA
     clock = time.perf_counter_ns
-    last = (clock() - began) // 1000
+    last = 0 if emit is None else (clock() - began) // 1000
     i = -1
     try:
         for i in order:
