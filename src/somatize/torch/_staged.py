@@ -131,6 +131,8 @@ class Stage:
                 self.narrowing[p] = kinds.pop()
         self.narrows = [self.narrowing.get(p) for p in self.outside]  # in the given order
         self.compress = [trains[n].compress for n in self.back_given]
+        # whether what this stage answers may come narrowed (a trainer here compresses)
+        self.widens = any(trains[n].compress is not None for n in self.trainers)
         for n in self.trainers:  # what a trainer makes crosses when nobody here takes it
             trains[n].crossing(out=not any(s in inside for s in succs[n]))
         trained = set(self.trained)
@@ -258,16 +260,22 @@ class StagedDriver:
         store = self.store
         for k, (stage, (walk, _)) in enumerate(zip(self.stages, self._walks())):
             leaves = {p: _fresh(produced[p]) for p in stage.outside}
-            answer = walk.run(one, x, [Opaque(narrowed(leaf, dtype)) for leaf, dtype
-                                       in zip(leaves.values(), stage.narrows)],
-                              broker, store if k == 0 else None, later)
+            if stage.narrowing:
+                values = [Opaque(narrowed(leaf, dtype))
+                          for leaf, dtype in zip(leaves.values(), stage.narrows)]
+            else:
+                values = [Opaque(leaf) for leaf in leaves.values()]
+            answer = walk.run(one, x, values, broker, store if k == 0 else None, later)
             if later:
                 numbers.append(pipe.forwarded(k))
                 if answer.waiting:
                     yield
                 answer = answer.result()
-            for n, v in answer.items():
-                produced[n] = widened(v)
+            if stage.widens:
+                for n, v in answer.items():
+                    produced[n] = widened(v)
+            else:
+                produced.update(answer)
             handed.append(leaves)
         # An output made here by an untrained node keeps its graph, so the objective's
         # backward runs straight through its stage; only a trainer's (detached) or a
