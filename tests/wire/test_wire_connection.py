@@ -98,6 +98,16 @@ def test_an_old_client_is_told_the_versions_and_what_to_do_not_left_hanging(stan
     worker.wait_log(f"the client speaks wire protocol 1 and this side speaks {VERSION}; refused")
 
 
+def test_a_version_nested_past_what_repr_follows_is_refused_in_words(standing):
+    worker = standing()
+    sock = raw(worker.addr)
+    sock.sendall(frame_bytes("hello", {"v": _nested(1000), "n": new_nonce()}))
+    (refused,) = frames_until_closed(sock)
+    assert refused.kind == "refused" and "and the client a list: install" in refused.header["why"]
+    log = worker.wait_log("the client speaks wire protocol 'a list nested too de'")
+    assert "unexpected" not in log
+
+
 def test_a_new_client_of_an_old_worker_hears_why_it_was_closed_on():
     # What a 1.0 worker did with a frame of another version: read its prefix, and close.
     listener = socket.create_server(("127.0.0.1", 0))
@@ -170,14 +180,14 @@ def test_a_slice_says_its_form_once_and_names_it_by_number_after(standing):
     assert call(form, "neither").header["v"] == {"shout": "NEITHER"}  # no number: as ever
     send({"p": 5}, "never said")  # a number this connection was never told: dropped
     assert dropped(sock)
-    worker.wait_log("a slice naming form '5', which this connection was never told")
+    worker.wait_log("a slice naming form 5, which this connection was never told")
     sock, channel, _, _ = authenticated(worker.addr)  # a new connection knows no form
     send({"p": 0}, "named elsewhere")
     assert dropped(sock)
     sock, channel, _, _ = authenticated(worker.addr)
     send({**form, "p": 1}, "out of order")  # forms are numbered 0, 1, 2... as they come
     assert dropped(sock)
-    worker.wait_log("a slice numbering its form '1' where 0 was next")
+    worker.wait_log("a slice numbering its form 1 where 0 was next")
 
 
 def test_the_client_says_a_form_in_full_once_per_connection(standing):

@@ -309,7 +309,7 @@ class Connection:
             failure.header["x"] = reply.header.get("x", [])
             self.channel.send("error", failure.header)
             return
-        if reply.kind == "done":
+        if reply.kind == "done" and say.routine_too:
             say.routine("%s: slice %s ran in %.1f ms, answered %d bytes", self.name, nodes,
                         (time.perf_counter() - began) * 1e3, size)
 
@@ -322,16 +322,19 @@ class Connection:
         if number is None:
             return None
         forms = self.forms
+        # what a number that is not one is called: its type (a peer's value may nest
+        # past what repr can follow)
+        said = number if type(number) is int else f"a {type(number).__name__}"
         if "n" in head:  # said in full: numbered in order, and at most FORMS of them
             if type(number) is not int or number != len(forms) or number >= FORMS:
-                raise ProtocolError(f"a slice numbering its form {quoted(number, 20)} where "
-                                    f"{len(forms)} was next")
+                raise ProtocolError(f"a slice numbering its form {said} where {len(forms)} "
+                                    "was next")
             form = slice_form(head)
             forms.append(form)
             return form
         if type(number) is not int or not 0 <= number < len(forms):
-            raise ProtocolError(f"a slice naming form {quoted(number, 20)}, which this "
-                                "connection was never told")
+            raise ProtocolError(f"a slice naming form {said}, which this connection was "
+                                "never told")
         return forms[number]
 
 
@@ -344,7 +347,10 @@ def _session_of(frame: Any) -> bytes:
 
 
 def _mismatch(version: Any) -> str:
-    return (f"this worker speaks wire protocol {VERSION} and the client {version!r}: install "
+    said = quoted(version, 20) if type(version) in (str, bytes) else (
+        repr(version) if type(version) in (int, float, bool, type(None)) else
+        f"a {type(version).__name__}")  # a peer's list may nest past what repr follows
+    return (f"this worker speaks wire protocol {VERSION} and the client {said}: install "
             "the same somatize on both ends (pip install -U somatize, on the older one)")
 
 

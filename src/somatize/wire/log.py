@@ -23,8 +23,11 @@ def _escaped(text: str) -> str:
 
 def quoted(text: Any, limit: int = 200) -> str:
     """Text a peer sent, fit for a log line: quoted, escaped, and at most ``limit``
-    characters of it."""
-    text = str(text)
+    characters of it. A value nested deeper than ``str`` follows is named by its type."""
+    try:
+        text = str(text)
+    except RecursionError:
+        text = f"a {type(text).__name__} nested too deep to show"
     cut = f"... ({len(text) - limit} more characters)" if len(text) > limit else ""
     return repr(text[:limit]) + cut
 
