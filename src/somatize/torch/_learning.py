@@ -524,8 +524,11 @@ class Learning(Node):
         stepped = self._held is not None or signal is not None  # not update()'s message
         if self._group is not None and stepped:
             self._group.log(self._label, "gradient")
-        with self._own_gradients():
+        if self._group is None:
             answer = self.learn(signal, ctx)
+        else:
+            with self._own_gradients():
+                answer = self.learn(signal, ctx)
         ended = self.closes()
         self._taken = 0 if ended else self._taken + 1
         self._closing = False
@@ -546,7 +549,8 @@ class Learning(Node):
     @contextlib.contextmanager
     def _own_gradients(self):
         """A shared trainer's own open group of gradients on the node while it learns
-        or answers, and off it after, so no other client's adds to it."""
+        or answers, and off it after, so no other client's adds to it. (A trainer that
+        shares nothing learns without it: a generator made and walked every step.)"""
         group = self._group
         if group is None:
             yield

@@ -188,7 +188,8 @@ class Sessions:
                 tenant.used = now
                 self._held.move_to_end(session)
             gone = None if tenant is not None else self._gone.get(session)
-        self._let_go()
+        if self._leaving:
+            self._let_go()
         return tenant, gone
 
     def admits(self, session: bytes, ident: str) -> None:
@@ -386,16 +387,16 @@ def answer(sessions: Sessions, head: Any, buffers: list[Any], holding: Holding,
         values = unpack_values(head.get("v", {}), buffers)
     except SomaError as exc:
         return failed(exc, [])
-    refs = head.get("r", [])
-    if (type(values) is not dict or type(values.get("g", {})) is not dict
-            or type(refs) is not list or not _STR.issuperset(map(type, refs))):
+    given = values.get("g", {}) if type(values) is dict else None
+    refs = head.get("r")
+    if type(given) is not dict or refs is not None and (
+            type(refs) is not list or not _STR.issuperset(map(type, refs))):
         raise ProtocolError("a slice whose values or references are malformed")
     # Values arrive unwrapped, as the walk holds them; Opaque lets them in as they
     # are. A walk back hands what it is given to its nodes untouched.
-    given = values.get("g", {})
     if not transposed:
         given = {node: Opaque(value) for node, value in given.items()}
-    for ref in refs:
+    for ref in refs or ():
         if ref not in holding.held:
             return Answer("error", {"e": "Lost", "node": ref, "m": (
                 f"the output of node {ref!r} is no longer here: the worker kept it for one "
