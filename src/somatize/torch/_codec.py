@@ -30,6 +30,11 @@ import torch
 
 from .._errors import CorruptObject, UnwritableError
 
+try:
+    import numpy
+except ImportError:  # torch runs without it: tensors are then copied rather than viewed
+    numpy = None
+
 __all__ = ["KIND", "dump", "load", "pieces", "register"]
 
 KIND = "torch.Tensor"
@@ -71,6 +76,29 @@ _WRITTEN, _READ = _tables()
 _SHELL_DTYPES = frozenset(getattr(torch, n) for n in _SHELLS if hasattr(torch, n))
 
 
+def _numpy_dtypes() -> dict[torch.dtype, Any]:
+    """Each dtype that numpy holds as well, with numpy's dtype for it (none without numpy)."""
+    found: dict[torch.dtype, Any] = {}
+    for name in ("float64", "float32", "float16", "int64", "int32", "int16", "int8",
+                 "uint64", "uint32", "uint16", "uint8", "bool", "complex64", "complex128"):
+        dtype = getattr(torch, name, None)
+        if numpy is None or not isinstance(dtype, torch.dtype):
+            continue
+        try:
+            numpy_dtype = torch.empty(0, dtype=dtype).numpy().dtype
+        except (TypeError, RuntimeError):  # one this torch does not hand to numpy
+            continue
+        if torch.from_numpy(numpy.empty(0, numpy_dtype)).dtype == dtype:
+            found[dtype] = numpy_dtype
+    return found
+
+
+# A tensor of these dtypes is viewed, and read back, through numpy: half the time the
+# same through torch's own views takes.
+_IN_NUMPY = _numpy_dtypes()
+_STRIDED = torch.strided
+
+
 def dump(tensor: torch.Tensor) -> bytes | bytearray:
     """The tensor's dtype, shape and values as one safetensors blob."""
     written = pieces(tensor)
@@ -81,14 +109,19 @@ def pieces(tensor: torch.Tensor) -> bytearray | tuple[bytes, Any]:
     """What the codec hands on: ``dump``'s blob, or, for a contiguous tensor on the CPU,
     its header and a view of its own memory to be written one after the other — so
     keying and sending it copy nothing. Any other tensor is copied once, into the blob."""
-    label = _label(tensor)
-    shape = tensor.shape
-    size = tensor.numel() * tensor.element_size()
-    head = _written_head(label, tuple(shape), size)
-    start = len(head)
-    values = _in_place(tensor.detach()) if size else None
+    known = None
+    # _label refuses a strided CPU tensor for its dtype alone, and a refused dtype is
+    # never in _HEADS: one whose dtype and shape were written before is not checked
+    # again (the checks were a third of the opcodes of writing a small tensor).
+    if isinstance(tensor, torch.Tensor) and tensor.is_cpu and tensor.layout is _STRIDED:
+        known = _HEADS.get((tensor.dtype, tensor.shape))
+    if known is None:
+        known = _head(tensor)
+    head, size = known
+    values = _in_place(tensor) if size else None
     if values is not None:
         return head, values
+    start = len(head)
     blob = bytearray(start + size)
     blob[:start] = head
     if size:
@@ -99,42 +132,52 @@ def pieces(tensor: torch.Tensor) -> bytearray | tuple[bytes, Any]:
         else:
             target = target.view(source.dtype)
         # One pass: device, layout and lazy conj/neg bits are all resolved by copy_.
-        target.view(shape).copy_(source)
+        target.view(tensor.shape).copy_(source)
     return blob
 
 
 # A training loop writes and reads the same few shapes every step: their headers are
 # made (and read, checked) once, not once a tensor. Bounded, and emptied when full.
-_HEADS: dict[tuple, bytes] = {}
+_HEADS: dict[tuple[torch.dtype, tuple[int, ...]], tuple[bytes, int]] = {}
 _READ_HEADS: dict[bytes, tuple[torch.dtype, list[int], int, int]] = {}
 _MOST_HEADS = 512
 
 
-def _written_head(label: str, shape: tuple[int, ...], size: int) -> bytes:
-    """The header length and the header of a tensor of this dtype and shape."""
-    key = (label, shape)
-    head = _HEADS.get(key)
-    if head is None:
+def _head(tensor: Any) -> tuple[bytes, int]:
+    """The header length and header of a tensor of this one's dtype and shape, and how
+    many bytes of values follow them; what cannot be written is refused here."""
+    label = _label(tensor)
+    shape = tuple(tensor.shape)
+    key = (tensor.dtype, shape)
+    known = _HEADS.get(key)
+    if known is None:
+        size = tensor.numel() * tensor.element_size()
         header = json.dumps(
             {"t": {"data_offsets": [0, size], "dtype": label, "shape": list(shape)}},
             separators=(",", ":"), sort_keys=True,
         ).encode()
         header += b" " * (-(len(header) + _LENGTH.size) % _ALIGN)
-        head = _LENGTH.pack(len(header)) + header
+        known = _LENGTH.pack(len(header)) + header, size
         if len(_HEADS) >= _MOST_HEADS:
             _HEADS.clear()
-        _HEADS[key] = head
-    return head
+        _HEADS[key] = known
+    return known
 
 
 def _in_place(tensor: torch.Tensor) -> Any:
     """The tensor's values as a buffer over its own memory, or None where there is no
     such buffer (another device, a strided view, lazy conj/neg bits, a shell dtype)."""
-    if (tensor.device.type != "cpu" or not tensor.is_contiguous() or tensor.is_conj()
-            or tensor.is_neg() or tensor.dtype in _SHELL_DTYPES):
+    if (not tensor.is_cpu or not tensor.is_contiguous() or tensor.is_conj()
+            or tensor.is_neg()):
         return None
+    dtype = tensor.dtype
     try:  # through numpy's buffer; a torch without numpy copies instead
-        return tensor.reshape(-1).view(torch.uint8).numpy()
+        if dtype in _IN_NUMPY:
+            # force only detaches here: the tensor is on the CPU with no lazy bits.
+            return tensor.numpy(force=True).ravel().view(numpy.uint8)
+        if dtype in _SHELL_DTYPES:
+            return None
+        return tensor.detach().reshape(-1).view(torch.uint8).numpy()
     except (RuntimeError, TypeError):
         return None
 
