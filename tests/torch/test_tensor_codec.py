@@ -154,7 +154,21 @@ def test_a_contiguous_cpu_tensor_is_handed_on_as_its_own_memory(make):
     tensor = make()
     head, values = _codec.pieces(tensor)
     assert values.__array_interface__["data"][0] == tensor.data_ptr()  # not a copy
-    assert str(values.dtype) == "uint8" and values.shape == (tensor.numel() * tensor.element_size(),)
+    size = tensor.numel() * tensor.element_size()
+    assert str(values.dtype) == "uint8" and values.shape == (size,)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bfloat16], ids=str)
+def test_a_tensor_read_from_a_writable_buffer_lives_in_it_and_from_bytes_in_a_copy(dtype):
+    tensor = torch.arange(6).reshape(2, 3).to(dtype)
+    blob = bytes(_codec.dump(tensor))
+    received = bytearray(blob)
+    back = _codec.load(received)
+    back[1, 2] = 9
+    assert bytes(received) != blob and torch.equal(_codec.load(bytes(received)), back)
+    copied = _codec.load(blob)
+    copied[1, 2] = 9
+    assert torch.equal(copied, back) and _codec.load(blob)[1, 2] == 5
 
 
 def test_bytes_that_are_not_a_tensor_are_refused_not_misread():

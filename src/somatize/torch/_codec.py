@@ -139,7 +139,7 @@ def pieces(tensor: torch.Tensor) -> bytearray | tuple[bytes, Any]:
 # A training loop writes and reads the same few shapes every step: their headers are
 # made (and read, checked) once, not once a tensor. Bounded, and emptied when full.
 _HEADS: dict[tuple[torch.dtype, tuple[int, ...]], tuple[bytes, int]] = {}
-_READ_HEADS: dict[bytes, tuple[torch.dtype, list[int], int, int]] = {}
+_READ_HEADS: dict[bytes, tuple[torch.dtype, tuple[int, ...], int, int]] = {}
 _MOST_HEADS = 512
 
 
@@ -207,43 +207,47 @@ def _label(tensor: Any) -> str:
 
 def load(blob: bytes) -> torch.Tensor:
     """The tensor a blob holds, alive again on the CPU."""
-    dtype, shape, start, size = _header(blob)
+    view = memoryview(blob)
+    dtype, shape, start, size = _header(view)
     if size == 0:
         return torch.empty(shape, dtype=dtype)
-    view = memoryview(blob)
     if view.readonly:  # torch needs memory it may write to: this is the one copy
-        values = torch.frombuffer(bytearray(view[start:]), dtype=torch.uint8)
-    else:  # a buffer received for us alone (the wire's): the tensor lives in it
-        values = torch.frombuffer(blob, dtype=torch.uint8, offset=start, count=size)
-    if dtype in _SHELL_DTYPES:
-        return values.view(shape).view(dtype)
-    return values.view(dtype).view(shape)
+        blob, start = bytearray(view[start:]), 0
+    # Otherwise a buffer received for us alone (the wire's): the tensor lives in it.
+    in_numpy = _IN_NUMPY.get(dtype)
+    if in_numpy is not None:  # all of it from start; positional, as keywords cost a third
+        return torch.from_numpy(numpy.frombuffer(blob, in_numpy, -1, start).reshape(shape))
+    if dtype in _SHELL_DTYPES:  # no kernels of its own: shaped as bytes, then viewed
+        return torch.frombuffer(blob, dtype=torch.uint8, offset=start).view(shape).view(dtype)
+    # size= is read a third sooner than a bare tuple
+    return torch.frombuffer(blob, dtype=dtype, offset=start).view(size=shape)
 
 
-def _header(blob: Any) -> tuple[torch.dtype, list[int], int, int]:
-    view = memoryview(blob)
+def _header(blob: Any) -> tuple[torch.dtype, tuple[int, ...], int, int]:
+    """The dtype, shape, start and size of the values of a blob, checked against it."""
+    view = blob if type(blob) is memoryview else memoryview(blob)
     if view.nbytes < _LENGTH.size:
         raise _corrupt(f"it is {view.nbytes} bytes long, shorter than its own header length")
     (length,) = _LENGTH.unpack_from(view, 0)
     start = _LENGTH.size + length
     if start > view.nbytes:
         raise _corrupt(f"its header says it is {length} bytes, past the end of the blob")
-    raw = bytes(view[_LENGTH.size:start])
+    raw = view[_LENGTH.size:start].tobytes()  # a third sooner than bytes() of the slice
     known = _READ_HEADS.get(raw)
-    if known is not None:  # read and checked before; only the length is this blob's
+    if known is None:
+        known = _read_header(view, raw, start)
+        if len(_READ_HEADS) >= _MOST_HEADS:
+            _READ_HEADS.clear()
+        _READ_HEADS[raw] = known
+    elif view.nbytes - start != known[3]:  # read and checked before but for its length
         dtype, shape, start, size = known
-        if view.nbytes - start != size:
-            raise _corrupt(f"a {_WRITTEN[dtype]} tensor of shape {shape} is {size} bytes, "
-                           f"and this one has {view.nbytes - start}")
-        return dtype, list(shape), start, size
-    read = _read_header(view, raw, start)
-    if len(_READ_HEADS) >= _MOST_HEADS:
-        _READ_HEADS.clear()
-    _READ_HEADS[raw] = read
-    return read[0], list(read[1]), read[2], read[3]
+        raise _corrupt(f"a {_WRITTEN[dtype]} tensor of shape {list(shape)} is {size} bytes, "
+                       f"and this one has {view.nbytes - start}")
+    return known
 
 
-def _read_header(view: memoryview, raw: bytes, start: int) -> tuple[torch.dtype, list[int], int, int]:
+def _read_header(view: memoryview, raw: bytes,
+                 start: int) -> tuple[torch.dtype, tuple[int, ...], int, int]:
     try:
         entry = json.loads(raw)["t"]
         label, shape, (first, last) = entry["dtype"], entry["shape"], entry["data_offsets"]
@@ -266,7 +270,7 @@ def _read_header(view: memoryview, raw: bytes, start: int) -> tuple[torch.dtype,
             or view.nbytes - start != size:
         raise _corrupt(f"a {label} tensor of shape {shape} is {size} bytes, and this one "
                        f"has {view.nbytes - start} (offsets {first}..{last})")
-    return dtype, shape, start, size
+    return dtype, tuple(shape), start, size  # a tuple: the cached one is handed out as it is
 
 
 def _corrupt(why: str) -> CorruptObject:
