@@ -46,6 +46,18 @@ def test_registration_is_harmless_again_and_refuses_clashes():
     assert "test.codec.Point2" not in codecs_registered()
 
 
+def test_a_codec_said_again_with_other_functions_is_the_one_used():
+    class Mark:
+        pass
+
+    codec("test.codec.Mark", Mark, dump=lambda mark: b"1", load=lambda raw: "one")
+    codec("test.codec.Mark", Mark, dump=lambda mark: b"2", load=lambda raw: "two")
+    for value in (Mark(), {"m": Mark()}, [Mark()]):  # alone, in a dict's loop, in a list
+        tree, buffers = pack(value)
+        assert buffers == [b"2"]
+    assert unpack(tree, buffers) == ["two"]
+
+
 def test_subclasses_use_the_nearest_codec():
     class Point3(Point):
         pass

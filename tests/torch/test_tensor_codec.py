@@ -136,6 +136,41 @@ def test_what_is_not_a_block_of_values_is_refused_naming_why():
         _codec.dump(torch.empty(3, device="meta"))
 
 
+def test_a_dtype_and_shape_written_before_let_no_sparse_or_meta_tensor_through():
+    dense = torch.eye(3)
+    _codec.dump(dense)  # (float32, 3x3) is known from now on
+    with pytest.raises(UnwritableError, match="to_dense"):
+        _codec.dump(dense.to_sparse())
+    with pytest.raises(UnwritableError, match="meta"):
+        _codec.dump(torch.empty(3, 3, device="meta"))
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.randn(4, 6), lambda: torch.randn(4, 6, requires_grad=True),
+    lambda: torch.randn(4, 6).bfloat16(), lambda: torch.tensor(2.5),
+    lambda: torch.arange(10.0)[3:7],
+], ids=["float32", "grad", "bfloat16", "scalar", "offset"])
+def test_a_contiguous_cpu_tensor_is_handed_on_as_its_own_memory(make):
+    tensor = make()
+    head, values = _codec.pieces(tensor)
+    assert values.__array_interface__["data"][0] == tensor.data_ptr()  # not a copy
+    size = tensor.numel() * tensor.element_size()
+    assert str(values.dtype) == "uint8" and values.shape == (size,)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bfloat16], ids=str)
+def test_a_tensor_read_from_a_writable_buffer_lives_in_it_and_from_bytes_in_a_copy(dtype):
+    tensor = torch.arange(6).reshape(2, 3).to(dtype)
+    blob = bytes(_codec.dump(tensor))
+    received = bytearray(blob)
+    back = _codec.load(received)
+    back[1, 2] = 9
+    assert bytes(received) != blob and torch.equal(_codec.load(bytes(received)), back)
+    copied = _codec.load(blob)
+    copied[1, 2] = 9
+    assert torch.equal(copied, back) and _codec.load(blob)[1, 2] == 5
+
+
 def test_bytes_that_are_not_a_tensor_are_refused_not_misread():
     good = bytes(_codec.dump(torch.arange(6.0)))
     with pytest.raises(CorruptObject, match="shorter"):

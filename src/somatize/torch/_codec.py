@@ -30,6 +30,11 @@ import torch
 
 from .._errors import CorruptObject, UnwritableError
 
+try:
+    import numpy
+except ImportError:  # torch runs without it: tensors are then copied rather than viewed
+    numpy = None
+
 __all__ = ["KIND", "dump", "load", "pieces", "register"]
 
 KIND = "torch.Tensor"
@@ -71,6 +76,29 @@ _WRITTEN, _READ = _tables()
 _SHELL_DTYPES = frozenset(getattr(torch, n) for n in _SHELLS if hasattr(torch, n))
 
 
+def _numpy_dtypes() -> dict[torch.dtype, Any]:
+    """Each dtype that numpy holds as well, with numpy's dtype for it (none without numpy)."""
+    found: dict[torch.dtype, Any] = {}
+    for name in ("float64", "float32", "float16", "int64", "int32", "int16", "int8",
+                 "uint64", "uint32", "uint16", "uint8", "bool", "complex64", "complex128"):
+        dtype = getattr(torch, name, None)
+        if numpy is None or not isinstance(dtype, torch.dtype):
+            continue
+        try:
+            numpy_dtype = torch.empty(0, dtype=dtype).numpy().dtype
+        except (TypeError, RuntimeError):  # one this torch does not hand to numpy
+            continue
+        if torch.from_numpy(numpy.empty(0, numpy_dtype)).dtype == dtype:
+            found[dtype] = numpy_dtype
+    return found
+
+
+# A tensor of these dtypes is viewed, and read back, through numpy: half the time the
+# same through torch's own views takes.
+_IN_NUMPY = _numpy_dtypes()
+_STRIDED = torch.strided
+
+
 def dump(tensor: torch.Tensor) -> bytes | bytearray:
     """The tensor's dtype, shape and values as one safetensors blob."""
     written = pieces(tensor)
@@ -81,14 +109,19 @@ def pieces(tensor: torch.Tensor) -> bytearray | tuple[bytes, Any]:
     """What the codec hands on: ``dump``'s blob, or, for a contiguous tensor on the CPU,
     its header and a view of its own memory to be written one after the other — so
     keying and sending it copy nothing. Any other tensor is copied once, into the blob."""
-    label = _label(tensor)
-    shape = tensor.shape
-    size = tensor.numel() * tensor.element_size()
-    head = _written_head(label, tuple(shape), size)
-    start = len(head)
-    values = _in_place(tensor.detach()) if size else None
+    known = None
+    # _label refuses a strided CPU tensor for its dtype alone, and a refused dtype is
+    # never in _HEADS: one whose dtype and shape were written before is not checked
+    # again (the checks were a third of the opcodes of writing a small tensor).
+    if isinstance(tensor, torch.Tensor) and tensor.is_cpu and tensor.layout is _STRIDED:
+        known = _HEADS.get((tensor.dtype, tensor.shape))
+    if known is None:
+        known = _head(tensor)
+    head, size = known
+    values = _in_place(tensor) if size else None
     if values is not None:
         return head, values
+    start = len(head)
     blob = bytearray(start + size)
     blob[:start] = head
     if size:
@@ -99,42 +132,52 @@ def pieces(tensor: torch.Tensor) -> bytearray | tuple[bytes, Any]:
         else:
             target = target.view(source.dtype)
         # One pass: device, layout and lazy conj/neg bits are all resolved by copy_.
-        target.view(shape).copy_(source)
+        target.view(tensor.shape).copy_(source)
     return blob
 
 
 # A training loop writes and reads the same few shapes every step: their headers are
 # made (and read, checked) once, not once a tensor. Bounded, and emptied when full.
-_HEADS: dict[tuple, bytes] = {}
-_READ_HEADS: dict[bytes, tuple[torch.dtype, list[int], int, int]] = {}
+_HEADS: dict[tuple[torch.dtype, tuple[int, ...]], tuple[bytes, int]] = {}
+_READ_HEADS: dict[bytes, tuple[torch.dtype, tuple[int, ...], int, int]] = {}
 _MOST_HEADS = 512
 
 
-def _written_head(label: str, shape: tuple[int, ...], size: int) -> bytes:
-    """The header length and the header of a tensor of this dtype and shape."""
-    key = (label, shape)
-    head = _HEADS.get(key)
-    if head is None:
+def _head(tensor: Any) -> tuple[bytes, int]:
+    """The header length and header of a tensor of this one's dtype and shape, and how
+    many bytes of values follow them; what cannot be written is refused here."""
+    label = _label(tensor)
+    shape = tuple(tensor.shape)
+    key = (tensor.dtype, shape)
+    known = _HEADS.get(key)
+    if known is None:
+        size = tensor.numel() * tensor.element_size()
         header = json.dumps(
             {"t": {"data_offsets": [0, size], "dtype": label, "shape": list(shape)}},
             separators=(",", ":"), sort_keys=True,
         ).encode()
         header += b" " * (-(len(header) + _LENGTH.size) % _ALIGN)
-        head = _LENGTH.pack(len(header)) + header
+        known = _LENGTH.pack(len(header)) + header, size
         if len(_HEADS) >= _MOST_HEADS:
             _HEADS.clear()
-        _HEADS[key] = head
-    return head
+        _HEADS[key] = known
+    return known
 
 
 def _in_place(tensor: torch.Tensor) -> Any:
     """The tensor's values as a buffer over its own memory, or None where there is no
     such buffer (another device, a strided view, lazy conj/neg bits, a shell dtype)."""
-    if (tensor.device.type != "cpu" or not tensor.is_contiguous() or tensor.is_conj()
-            or tensor.is_neg() or tensor.dtype in _SHELL_DTYPES):
+    if (not tensor.is_cpu or not tensor.is_contiguous() or tensor.is_conj()
+            or tensor.is_neg()):
         return None
+    dtype = tensor.dtype
     try:  # through numpy's buffer; a torch without numpy copies instead
-        return tensor.reshape(-1).view(torch.uint8).numpy()
+        if dtype in _IN_NUMPY:
+            # force only detaches here: the tensor is on the CPU with no lazy bits.
+            return tensor.numpy(force=True).ravel().view(numpy.uint8)
+        if dtype in _SHELL_DTYPES:
+            return None
+        return tensor.detach().reshape(-1).view(torch.uint8).numpy()
     except (RuntimeError, TypeError):
         return None
 
@@ -164,43 +207,47 @@ def _label(tensor: Any) -> str:
 
 def load(blob: bytes) -> torch.Tensor:
     """The tensor a blob holds, alive again on the CPU."""
-    dtype, shape, start, size = _header(blob)
+    view = memoryview(blob)
+    dtype, shape, start, size = _header(view)
     if size == 0:
         return torch.empty(shape, dtype=dtype)
-    view = memoryview(blob)
     if view.readonly:  # torch needs memory it may write to: this is the one copy
-        values = torch.frombuffer(bytearray(view[start:]), dtype=torch.uint8)
-    else:  # a buffer received for us alone (the wire's): the tensor lives in it
-        values = torch.frombuffer(blob, dtype=torch.uint8, offset=start, count=size)
-    if dtype in _SHELL_DTYPES:
-        return values.view(shape).view(dtype)
-    return values.view(dtype).view(shape)
+        blob, start = bytearray(view[start:]), 0
+    # Otherwise a buffer received for us alone (the wire's): the tensor lives in it.
+    in_numpy = _IN_NUMPY.get(dtype)
+    if in_numpy is not None:  # all of it from start; positional, as keywords cost a third
+        return torch.from_numpy(numpy.frombuffer(blob, in_numpy, -1, start).reshape(shape))
+    if dtype in _SHELL_DTYPES:  # no kernels of its own: shaped as bytes, then viewed
+        return torch.frombuffer(blob, dtype=torch.uint8, offset=start).view(shape).view(dtype)
+    # size= is read a third sooner than a bare tuple
+    return torch.frombuffer(blob, dtype=dtype, offset=start).view(size=shape)
 
 
-def _header(blob: Any) -> tuple[torch.dtype, list[int], int, int]:
-    view = memoryview(blob)
+def _header(blob: Any) -> tuple[torch.dtype, tuple[int, ...], int, int]:
+    """The dtype, shape, start and size of the values of a blob, checked against it."""
+    view = blob if type(blob) is memoryview else memoryview(blob)
     if view.nbytes < _LENGTH.size:
         raise _corrupt(f"it is {view.nbytes} bytes long, shorter than its own header length")
     (length,) = _LENGTH.unpack_from(view, 0)
     start = _LENGTH.size + length
     if start > view.nbytes:
         raise _corrupt(f"its header says it is {length} bytes, past the end of the blob")
-    raw = bytes(view[_LENGTH.size:start])
+    raw = view[_LENGTH.size:start].tobytes()  # a third sooner than bytes() of the slice
     known = _READ_HEADS.get(raw)
-    if known is not None:  # read and checked before; only the length is this blob's
+    if known is None:
+        known = _read_header(view, raw, start)
+        if len(_READ_HEADS) >= _MOST_HEADS:
+            _READ_HEADS.clear()
+        _READ_HEADS[raw] = known
+    elif view.nbytes - start != known[3]:  # read and checked before but for its length
         dtype, shape, start, size = known
-        if view.nbytes - start != size:
-            raise _corrupt(f"a {_WRITTEN[dtype]} tensor of shape {shape} is {size} bytes, "
-                           f"and this one has {view.nbytes - start}")
-        return dtype, list(shape), start, size
-    read = _read_header(view, raw, start)
-    if len(_READ_HEADS) >= _MOST_HEADS:
-        _READ_HEADS.clear()
-    _READ_HEADS[raw] = read
-    return read[0], list(read[1]), read[2], read[3]
+        raise _corrupt(f"a {_WRITTEN[dtype]} tensor of shape {list(shape)} is {size} bytes, "
+                       f"and this one has {view.nbytes - start}")
+    return known
 
 
-def _read_header(view: memoryview, raw: bytes, start: int) -> tuple[torch.dtype, list[int], int, int]:
+def _read_header(view: memoryview, raw: bytes,
+                 start: int) -> tuple[torch.dtype, tuple[int, ...], int, int]:
     try:
         entry = json.loads(raw)["t"]
         label, shape, (first, last) = entry["dtype"], entry["shape"], entry["data_offsets"]
@@ -223,7 +270,7 @@ def _read_header(view: memoryview, raw: bytes, start: int) -> tuple[torch.dtype,
             or view.nbytes - start != size:
         raise _corrupt(f"a {label} tensor of shape {shape} is {size} bytes, and this one "
                        f"has {view.nbytes - start} (offsets {first}..{last})")
-    return dtype, shape, start, size
+    return dtype, tuple(shape), start, size  # a tuple: the cached one is handed out as it is
 
 
 def _corrupt(why: str) -> CorruptObject:
