@@ -517,10 +517,19 @@ class Learning(Node):
             owed.clear()
 
     def _learn_from(self, value: Any, ctx: Ctx) -> Any:
-        back = behind(value)
+        if KEY in value:  # one envelope, what a trainer of a chain is handed: read once
+            carried = value[KEY]
+            back = int(carried[2]) if len(carried) > 2 else 0
+            closes = bool(carried[1])
+            signal = _inside(value)
+            if signal is not None and ctx.device is not None:
+                signal = signal.to(ctx.device)
+            health = list(value.get(HEALTH, ()))  # what trainers below this one said
+        else:
+            back, closes, signal = behind(value), closing(value), gradient(value, ctx.device)
+            health = [f for v in value.values() for f in v.get(HEALTH, ())]
         self._owed_to(back)
-        self._closing = closing(value)
-        signal = gradient(value, ctx.device)
+        self._closing = closes
         stepped = self._held is not None or signal is not None  # not update()'s message
         if self._group is not None and stepped:
             self._group.log(self._label, "gradient")
@@ -534,9 +543,7 @@ class Learning(Node):
         self._closing = False
         if self._crossed:  # the gradient goes back the way the input came
             answer = narrowed(answer, self._compress)
-        said = envelope(answer, closing=closing(value), behind=back)
-        health = [f for v in (value.values() if KEY not in value else [value])
-                  for f in v.get(HEALTH, ())]  # what trainers below this one said
+        said = envelope(answer, closing=closes, behind=back)
         if self._audit is not None and stepped:
             self._piece += 1
             if self._piece >= self._pieces:
