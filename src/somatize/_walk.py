@@ -168,6 +168,10 @@ def walk(prog: Program, order: list[int], vals: list[Any], value: Any, hooks: Ho
                     x = vals[source]
                 elif kind == ROOT:
                     x = value
+                elif kind == FAR:  # what a host's node made: on that host, every node's
+                    x = vals[source]
+                    if type(x) is LostValue:
+                        x.read(ids[i])
                 else:
                     x = gather(prog, i, vals, value)
             if emit is None:
