@@ -309,7 +309,8 @@ class StagedDriver:
             back = walks[k][1]
             if back is not None:
                 behind = 0 if pipe is None else pipe.behind(k, numbers[k])
-                answers = back.run(one, {n: envelope(narrowed(owed.get(n), dtype), behind=behind)
+                answers = back.run(one, {n: envelope(owed.get(n) if dtype is None else
+                                                     narrowed(owed.get(n), dtype), behind=behind)
                                          for n, dtype in zip(stage.back_given, stage.compress)},
                                    broker, later)
                 if later:
