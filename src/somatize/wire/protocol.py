@@ -76,8 +76,11 @@ MACED, SEALED = 1, 2
 _PREFIX = struct.Struct("<2sBBIQ")
 MAC_SIZE = 32
 PREFIX = _PREFIX.size + MAC_SIZE
+_WHOLE_PREFIX = struct.Struct(f"<2sBBIQ{MAC_SIZE}s")  # the same, with the MAC read as bytes
 _NO_MAC = bytes(MAC_SIZE)
 _SEQ = struct.Struct("<Q")
+_FLAGS = frozenset({0, MACED, MACED | SEALED})  # SEALED is only ever set with MACED
+_INT = frozenset({int})
 
 #: Every kind a frame may have; anything else is not one of ours.
 FRAME_KINDS = frozenset({
@@ -149,6 +152,16 @@ class Keyed:
             mac.update(part)
         return mac.digest()
 
+    def _header_tag(self, direction: bytes, seq: int, start: Any, raw: Any) -> bytes:
+        """``tag(direction, seq, start, raw)``, the MAC of a frame's header, without the
+        loop: every frame pays for it on both ends. Three ``update`` calls cost less
+        than one over the parts joined."""
+        mac = self._keyed.copy()
+        mac.update(direction + _SEQ.pack(seq))
+        mac.update(start)
+        mac.update(raw)
+        return mac.digest()
+
 
 class OtherVersion(ProtocolError):
     """A frame of another version of the protocol; ``version`` is the one it speaks."""
@@ -200,21 +213,38 @@ def refusal(version: int, why: str) -> bytes:
 
 
 # -- encoding -----------------------------------------------------------------------
+#: What a codec may answer with to send one buffer from several places (a header and
+#: a tensor's own memory, say): sent back to back, and received as one buffer.
+_GROUPS = (tuple, list)
+
+
 def encode(kind: str, header: dict[str, Any] | None = None, buffers: list[Any] = (),
            keyed: Keyed | None = None, sealed: bool = False,
            most: int | None = None) -> list[Any]:
     """A frame as the pieces to send, in order; buffers are not copied.
 
-    ``session`` MACs it (and advances the send counter); ``sealed`` adds a MAC over
+    ``keyed`` MACs it (and advances the send counter); ``sealed`` adds a MAC over
     the buffers, where the connection is keyed. A frame larger than
     ``most`` bytes (what the far side accepts) is refused before the counter moves.
     """
-    parts = [_parts(b) for b in buffers]
-    views = [v for group in parts for v in group]
+    # Each buffer's views and its size in one pass: for a small frame, nested lists
+    # and sums over them cost as much as the rest of this function.
+    views: list[memoryview] = []
+    sizes: list[int] = []
+    for buffer in buffers:
+        size = 0
+        for part in buffer if type(buffer) in _GROUPS else (buffer,):
+            view = memoryview(part)
+            if view.format != "B" or view.ndim != 1:
+                view = view.cast("B")
+            views.append(view)
+            size += view.nbytes
+        sizes.append(size)
+    # A copy, since a caller may send the same header again (a retried slice does).
     head = dict(header) if header else {}
     head["k"] = kind
-    if parts:
-        head["b"] = [sum(v.nbytes for v in group) for group in parts]
+    if sizes:
+        head["b"] = sizes
     try:
         raw = msgpack.packb(head, use_bin_type=True)
     except OverflowError:
@@ -222,47 +252,30 @@ def encode(kind: str, header: dict[str, Any] | None = None, buffers: list[Any] =
             f"a {kind!r} frame holds an int beyond 64 bits, which msgpack cannot carry; "
             "send it as a str, or wrap it in Opaque with a codec"
         ) from None
-    body = sum(v.nbytes for v in views)
+    body = sum(sizes)
     if most is not None and PREFIX + len(raw) + body > most:
         raise ProtocolError(f"a {kind!r} frame of {PREFIX + len(raw) + body} bytes is over "
                             f"the far side's limit of {most} bytes")
-    flags = 0
-    if keyed is not None:
-        flags |= MACED | (SEALED if sealed and parts else 0)
-    start = _PREFIX.pack(MAGIC, VERSION, flags, len(raw), body)
     if keyed is None:
-        return [start + _NO_MAC + raw, *views]
+        return [_PREFIX.pack(MAGIC, VERSION, 0, len(raw), body) + _NO_MAC + raw, *views]
+    flags = MACED | SEALED if sealed and sizes else MACED
+    start = _PREFIX.pack(MAGIC, VERSION, flags, len(raw), body)
     seq = keyed.sent
-    keyed.sent += 1
-    mac = keyed.tag(keyed.side, seq, start, raw)
+    keyed.sent = seq + 1
+    mac = keyed._header_tag(keyed.side, seq, start, raw)
     pieces: list[Any] = [start + mac + raw, *views]
     if flags & SEALED:
         pieces.append(keyed.tag(keyed.side, seq, mac, *views))
     return pieces
 
 
-def _parts(buffer: Any) -> list[memoryview]:
-    """One buffer as the byte views it is sent from: itself, or, for a codec that
-    answers with a tuple or list of buffers (a header and a tensor's own memory, say),
-    each of them, sent back to back and received as one."""
-    if type(buffer) in (tuple, list):
-        return [_bytes_view(part) for part in buffer]
-    return [_bytes_view(buffer)]
-
-
-def _bytes_view(buffer: Any) -> memoryview:
-    view = memoryview(buffer)
-    if view.format != "B" or view.ndim != 1:
-        view = view.cast("B")
-    return view
-
-
 # -- decoding -----------------------------------------------------------------------
 def split_prefix(prefix: bytes | bytearray | memoryview, limits: Limits) -> tuple[int, int, int, bytes]:
     """``(flags, header length, buffers length, mac)`` of a 48-byte prefix, checked."""
-    if len(prefix) != PREFIX:
-        raise ProtocolError(f"a frame prefix is {PREFIX} bytes, got {len(prefix)}")
-    magic, version, flags, header_len, body_len = _PREFIX.unpack_from(prefix)
+    try:
+        magic, version, flags, header_len, body_len, mac = _WHOLE_PREFIX.unpack(prefix)
+    except struct.error:
+        raise ProtocolError(f"a frame prefix is {PREFIX} bytes, got {len(prefix)}") from None
     if magic != MAGIC:
         raise ProtocolError(f"not a somatize frame (it starts {bytes(prefix[:2])!r}, not {MAGIC!r})")
     if version != VERSION:
@@ -270,7 +283,7 @@ def split_prefix(prefix: bytes | bytearray | memoryview, limits: Limits) -> tupl
             f"a frame of wire protocol {version}, and this side speaks {VERSION}; "
             "install the same somatize on both ends", version
         )
-    if flags & ~(MACED | SEALED) or (flags & SEALED and not flags & MACED):
+    if flags not in _FLAGS:
         raise ProtocolError(f"a frame with unknown flags {flags:#x}")
     if header_len > limits.header:
         raise ProtocolError(f"a frame header of {header_len} bytes is over the limit of {limits.header}")
@@ -278,7 +291,7 @@ def split_prefix(prefix: bytes | bytearray | memoryview, limits: Limits) -> tupl
         raise ProtocolError(
             f"a frame of {header_len + body_len + PREFIX} bytes is over the limit of {limits.frame}"
         )
-    return flags, header_len, body_len, bytes(prefix[_PREFIX.size:])
+    return flags, header_len, body_len, mac
 
 
 def read_header(raw: bytes | bytearray | memoryview, body_len: int, limits: Limits) -> tuple[str, dict[str, Any], list[int]]:
@@ -296,8 +309,10 @@ def read_header(raw: bytes | bytearray | memoryview, body_len: int, limits: Limi
     if kind not in FRAME_KINDS:
         raise ProtocolError(f"a frame of unknown kind {kind!r}")
     sizes = head.get("b", [])
+    # Every size an int (a bool is not one) and none negative, checked in C rather
+    # than by a loop here, which cost as much as the rest of this function.
     if (type(sizes) is not list or len(sizes) > limits.buffers
-            or not all(type(n) is int and n >= 0 for n in sizes)):
+            or not {*map(type, sizes)} <= _INT or sizes and min(sizes) < 0):
         raise ProtocolError(f"a {kind!r} frame with malformed buffer sizes")
     if sum(sizes) != body_len:
         raise ProtocolError(
@@ -327,7 +342,7 @@ def check_header_mac(keyed: Keyed | None, flags: int, prefix: Any, raw: Any, mac
             return None
         raise ProtocolError("a frame without a MAC on an authenticated connection")
     seq = keyed.received
-    expected = keyed.tag(keyed.peer, seq, bytes(prefix[:_PREFIX.size]), raw)
+    expected = keyed._header_tag(keyed.peer, seq, prefix[:_PREFIX.size], raw)
     if not hmac.compare_digest(expected, mac):
         raise ProtocolError(
             "a frame whose MAC does not match: replayed, reordered, altered or forged"
