@@ -76,7 +76,9 @@ MACED, SEALED = 1, 2
 _PREFIX = struct.Struct("<2sBBIQ")
 MAC_SIZE = 32
 PREFIX = _PREFIX.size + MAC_SIZE
-_WHOLE_PREFIX = struct.Struct(f"<2sBBIQ{MAC_SIZE}s")  # the same, with the MAC read as bytes
+# The same, read with the magic and the version as one field, and the MAC as bytes.
+_WHOLE_PREFIX = struct.Struct(f"<3sBIQ{MAC_SIZE}s")
+_LEAD = MAGIC + bytes([VERSION])
 _NO_MAC = bytes(MAC_SIZE)
 _SEQ = struct.Struct("<Q")
 _FLAGS = frozenset({0, MACED, MACED | SEALED})  # SEALED is only ever set with MACED
@@ -273,15 +275,15 @@ def encode(kind: str, header: dict[str, Any] | None = None, buffers: list[Any] =
 def split_prefix(prefix: bytes | bytearray | memoryview, limits: Limits) -> tuple[int, int, int, bytes]:
     """``(flags, header length, buffers length, mac)`` of a 48-byte prefix, checked."""
     try:
-        magic, version, flags, header_len, body_len, mac = _WHOLE_PREFIX.unpack(prefix)
+        lead, flags, header_len, body_len, mac = _WHOLE_PREFIX.unpack(prefix)
     except struct.error:
         raise ProtocolError(f"a frame prefix is {PREFIX} bytes, got {len(prefix)}") from None
-    if magic != MAGIC:
-        raise ProtocolError(f"not a somatize frame (it starts {bytes(prefix[:2])!r}, not {MAGIC!r})")
-    if version != VERSION:
+    if lead != _LEAD:
+        if lead[:2] != MAGIC:
+            raise ProtocolError(f"not a somatize frame (it starts {lead[:2]!r}, not {MAGIC!r})")
         raise OtherVersion(
-            f"a frame of wire protocol {version}, and this side speaks {VERSION}; "
-            "install the same somatize on both ends", version
+            f"a frame of wire protocol {lead[2]}, and this side speaks {VERSION}; "
+            "install the same somatize on both ends", lead[2]
         )
     if flags not in _FLAGS:
         raise ProtocolError(f"a frame with unknown flags {flags:#x}")
