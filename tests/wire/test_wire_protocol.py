@@ -129,6 +129,15 @@ def test_big_ints_are_refused_with_a_reason():
         encode("slice", {"v": 2 ** 70})
 
 
+def test_packing_a_huge_or_a_refused_header_leaves_the_next_frames_as_they_were():
+    before = joined(encode("slice", {"n": ["a"], "v": {"x": [1, 2.5, None]}}, [b"abc"]))
+    with pytest.raises(ProtocolError, match="64 bits"):
+        encode("slice", {"v": [1, 2 ** 70]})
+    (huge,) = decode(joined(encode("slice", {"v": "x" * (3 << 20)})), Limits(header=4 << 20))
+    assert huge.header["v"] == "x" * (3 << 20)
+    assert joined(encode("slice", {"n": ["a"], "v": {"x": [1, 2.5, None]}}, [b"abc"])) == before
+
+
 def valid_frames() -> list[bytes]:
     client, _ = pair()
     return [
