@@ -236,19 +236,20 @@ class Channel:
 
     def _fill(self, view: memoryview, patient: bool = False, deadline: float | None = None) -> None:
         """Fills ``view`` with the next bytes: those read ahead, then the socket's."""
-        size = view.nbytes
-        if size <= _AHEAD:  # read what is there, the next frame's start too
-            if self._hi - self._lo < size:
-                self._refill(size, patient, deadline)
-            lo = self._lo
-            self._lo = lo + size
-            view[:] = self._ahead[lo:lo + size]
+        size, lo = view.nbytes, self._lo
+        got = min(size, self._hi - lo)
+        if got:  # what came with an earlier read
+            view[:got] = self._ahead[lo:lo + got]
+            self._lo = lo + got
+        rest = size - got
+        if not rest:
             return
-        got = self._hi - self._lo
-        if got:  # the start of it came with an earlier read
-            view[:got] = self._ahead[self._lo:self._hi]
-            self._lo = self._hi
-        self._read(view[got:], patient and not got, deadline, need=size - got)
+        if rest < _AHEAD:  # a small rest: read what is there, the next frame's too
+            self._refill(rest, patient and not got, deadline)
+            self._lo = rest
+            view[got:] = self._ahead[:rest]
+            return
+        self._read(view[got:], patient and not got, deadline, need=rest)
 
     def _refill(self, need: int, patient: bool, deadline: float | None) -> None:
         """Reads until at least ``need`` bytes (at most ``_AHEAD``) are ahead, with
