@@ -155,9 +155,8 @@ class Keyed:
         return mac.digest()
 
     def _header_tag(self, direction: bytes, seq: int, start: Any, raw: Any) -> bytes:
-        """``tag(direction, seq, start, raw)``, the MAC of a frame's header, without the
-        loop: every frame pays for it on both ends. Three ``update`` calls cost less
-        than one over the parts joined."""
+        """``tag(direction, seq, start, raw)``, the MAC of a frame's header, written
+        out without the loop since every frame pays for it on both ends."""
         mac = self._keyed.copy()
         mac.update(direction + _SEQ.pack(seq))
         mac.update(start)
@@ -279,6 +278,7 @@ _PACKER_KEEPS = 1 << 20  # a Packer's buffer stays as large as the largest it pa
 
 
 def _packed(head: dict[str, Any]) -> bytes:
+    """``head`` as msgpack, by a Packer nobody else is using."""
     try:
         packer = _idle_packers.pop()
     except IndexError:  # none made yet, or every one in use
@@ -329,8 +329,9 @@ def read_header(raw: bytes | bytearray | memoryview, body_len: int, limits: Limi
     if kind not in FRAME_KINDS:
         raise ProtocolError(f"a frame of unknown kind {kind!r}")
     sizes = head.get("b", [])
-    # Every size an int (a bool is not one) and none negative, checked in C rather
-    # than by a loop here, which cost as much as the rest of this function.
+    # Every size an int (a bool is not one) and none negative: checked by loops in C
+    # (the set of their types, the least of them) rather than a generator in Python,
+    # which every frame with buffers paid for.
     if (type(sizes) is not list or len(sizes) > limits.buffers
             or not {*map(type, sizes)} <= _INT or sizes and min(sizes) < 0):
         raise ProtocolError(f"a {kind!r} frame with malformed buffer sizes")
@@ -367,7 +368,7 @@ def check_header_mac(keyed: Keyed | None, flags: int, prefix: Any, raw: Any, mac
         raise ProtocolError(
             "a frame whose MAC does not match: replayed, reordered, altered or forged"
         )
-    keyed.received += 1
+    keyed.received = seq + 1
     return seq
 
 
