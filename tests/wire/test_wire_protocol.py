@@ -129,6 +129,15 @@ def test_big_ints_are_refused_with_a_reason():
         encode("slice", {"v": 2 ** 70})
 
 
+def test_packing_a_huge_or_a_refused_header_leaves_the_next_frames_as_they_were():
+    before = joined(encode("slice", {"n": ["a"], "v": {"x": [1, 2.5, None]}}, [b"abc"]))
+    with pytest.raises(ProtocolError, match="64 bits"):
+        encode("slice", {"v": [1, 2 ** 70]})
+    (huge,) = decode(joined(encode("slice", {"v": "x" * (3 << 20)})), Limits(header=4 << 20))
+    assert huge.header["v"] == "x" * (3 << 20)
+    assert joined(encode("slice", {"n": ["a"], "v": {"x": [1, 2.5, None]}}, [b"abc"])) == before
+
+
 def valid_frames() -> list[bytes]:
     client, _ = pair()
     return [
@@ -214,3 +223,44 @@ def test_a_large_buffer_still_held_is_never_written_over():
     frame = receiver.recv()
     thread.join()
     assert bytes(held) == first and bytes(frame.buffers[0]) == second
+
+
+@pytest.mark.parametrize("piece", [3, 48, 1000, 1 << 30])
+def test_frames_arriving_in_pieces_of_any_size_are_read_whole(piece):
+    import socket
+    import threading
+
+    from somatize.wire.channel import Channel
+
+    client, worker = pair()
+    sent = [("slice", {"n": ["a"]}, [(bytes(64), bytes(range(256)) * 2)], False),
+            ("ok", None, [], False),
+            ("provision", {"c": "sha256:x"}, [b"pickled" * 100], True),
+            ("slice", {"v": "x" * 70_000}, [os.urandom(70_000), b""], False),
+            ("done", {}, [os.urandom(5 << 20)], False)]
+    frames = [joined(encode(kind, header, buffers, client, sealed))
+              for kind, header, buffers, sealed in sent]
+    # The large one in pieces of 64 KiB or more: in pieces of 3 bytes it takes seconds.
+    small, large = b"".join(frames[:-1]), frames[-1]
+
+    def write():
+        for data, step in ((small, piece), (large, max(piece, 1 << 16))):
+            for at in range(0, len(data), step):
+                a.sendall(data[at:at + step])
+
+    a, b = socket.socketpair()
+    receiver = Channel(b, ROOMY)
+    receiver.keyed = worker
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        for kind, header, buffers, sealed in sent:
+            frame = receiver.recv()
+            assert (frame.kind, frame.sealed) == (kind, sealed)
+            assert {k: v for k, v in frame.header.items() if k not in ("k", "b")} == (header or {})
+            assert [bytes(f) for f in frame.buffers] == [
+                b"".join(map(bytes, b)) if isinstance(b, tuple) else bytes(b) for b in buffers]
+    finally:
+        writer.join()
+        a.close()
+        b.close()

@@ -60,7 +60,6 @@ class Channel:
         self.keyed: Keyed | None = None
         self.lock = threading.Lock()
         self._gather = not isinstance(sock, ssl.SSLSocket) and hasattr(sock, "sendmsg")
-        self._prefix = bytearray(PREFIX)
         self._spare: list[Any] = []  # the last frame's large buffers, for the next one
         self._poller: Any = None
         # Bytes read past the frame that wanted them (a small frame is read whole in one
@@ -84,7 +83,7 @@ class Channel:
         while this one goes out then never waits for us to read. It answers False
         once there is nothing more it wants to read."""
         with self.lock:
-            pieces = encode(kind, header, list(buffers), self.keyed, sealed, self.most)
+            pieces = encode(kind, header, buffers, self.keyed, sealed, self.most)
             if reading is None or not self._gather:
                 size = self._send_pieces(pieces)
             else:
@@ -105,7 +104,7 @@ class Channel:
     def _send_reading(self, pieces: list[Any], reading: Any) -> int:
         sock = self.sock
         timeout = sock.gettimeout()
-        total = sum(len(p) for p in pieces)
+        total = sum(map(len, pieces))
         views = [memoryview(p) for p in pieces]
         poller = select.poll()
         wants = select.POLLOUT | select.POLLIN
@@ -136,7 +135,7 @@ class Channel:
 
     def _send_pieces(self, pieces: list[Any]) -> int:
         """Sends what ``encode`` made (bytes, and byte views of the buffers)."""
-        total = sum(len(p) for p in pieces)
+        total = sum(map(len, pieces))  # a view's len is its nbytes: encode casts to bytes
         if not self._gather:
             for piece in pieces:
                 self.sock.sendall(piece)
@@ -160,30 +159,47 @@ class Channel:
         has a key, which is how a worker turns down a proof.
         """
         limits = limits or self.limits
-        prefix = self._prefix
-        self._fill(memoryview(prefix), patient, deadline)
+        if self._hi - self._lo < PREFIX:
+            self._refill(PREFIX, patient, deadline)
         began = time.perf_counter_ns()
+        # The prefix and the header are checked where they lie when both came (nearly
+        # always) rather than copied out first: two buffers and two calls fewer a frame.
+        ahead, lo = self._ahead, self._lo
+        prefix = ahead[lo:lo + PREFIX]
+        self._lo = lo = lo + PREFIX
         flags, header_len, body_len, mac = split_prefix(prefix, limits)
-        raw = self._receive(header_len, deadline)
+        if self._hi - lo >= header_len:
+            raw = ahead[lo:lo + header_len]
+            self._lo = lo + header_len
+        else:  # the rest of the header is read over what is ahead, the prefix too
+            prefix = bytes(prefix)
+            raw = self._receive(header_len, deadline)
         seq = check_header_mac(self.keyed, flags, prefix, raw, mac, refusal_ok)
         kind, head, sizes = read_header(raw, body_len, limits)
         if seq is None and self.keyed is not None and kind != "refused":
             raise ProtocolError(f"a {kind!r} frame without a MAC on an authenticated connection")
-        raw = None
-        buffers = [self._receive(size, deadline, reuse=True) for size in sizes]
-        if buffers:
-            self._spare = [b for b in buffers if len(b) >= _MAPPED]
-        if flags & SEALED:
+        prefix = raw = None
+        buffers = []
+        for size in sizes:
+            buffers.append(self._receive(size, deadline, True))
+        if buffers:  # the large ones are kept for the next frame to receive into
+            self._spare = [b for b in buffers if len(b) >= _MAPPED] if body_len >= _MAPPED else []
+        size = PREFIX + header_len + body_len
+        sealed = bool(flags & SEALED)
+        if sealed:
             trailer = bytearray(MAC_SIZE)
             self._fill(memoryview(trailer), deadline=deadline)
             check_seal(self.keyed, seq, mac, buffers, trailer)  # type: ignore[arg-type]
-        size = PREFIX + header_len + body_len + (MAC_SIZE if flags & SEALED else 0)
+            size += MAC_SIZE
         self.received += size
-        return Frame(kind, head, buffers, size, bool(flags & SEALED),
-                     (time.perf_counter_ns() - began) // 1000)
+        return Frame(kind, head, buffers, size, sealed, (time.perf_counter_ns() - began) // 1000)
 
     def _receive(self, size: int, deadline: float | None = None, reuse: bool = False) -> Any:
         """``size`` bytes off the socket, in memory committed only as they arrive."""
+        lo = self._lo
+        if self._hi - lo >= size:  # they came with an earlier read: most small frames
+            self._lo = lo + size
+            return bytearray(self._ahead[lo:lo + size])
         if size < _MAPPED:
             buffer = bytearray(size)
             self._fill(memoryview(buffer), deadline=deadline)
@@ -219,44 +235,49 @@ class Channel:
         return None
 
     def _fill(self, view: memoryview, patient: bool = False, deadline: float | None = None) -> None:
-        got, size, lo = 0, view.nbytes, self._lo
-        if self._hi - lo >= size:  # all of it came with an earlier read: most small frames
-            view[:] = self._ahead[lo:lo + size]
-            self._lo = lo + size
+        """Fills ``view`` with the next bytes: those read ahead, then the socket's."""
+        size, lo = view.nbytes, self._lo
+        got = min(size, self._hi - lo)
+        if got:  # what came with an earlier read
+            view[:got] = self._ahead[lo:lo + got]
+            self._lo = lo + got
+        rest = size - got
+        if not rest:
             return
-        if lo < self._hi:  # the start of it came with an earlier read
-            got = self._hi - lo
-            view[:got] = self._ahead[lo:self._hi]
-            self._lo = self._hi
-        if size - got < _AHEAD:  # a small rest: read what is there, the next frame's too
-            self._lo = self._hi = 0
-            self._hi = self._read(self._ahead, got == 0 and patient, deadline, need=size - got)
-            more = size - got
-            view[got:] = self._ahead[:more]
-            self._lo = more
+        if rest < _AHEAD:  # a small rest: read what is there, the next frame's too
+            self._refill(rest, patient and not got, deadline)
+            self._lo = rest
+            view[got:] = self._ahead[:rest]
             return
-        self._read(view[got:], patient and not got, deadline, need=size - got)
+        self._read(view[got:], patient and not got, deadline, need=rest)
+
+    def _refill(self, need: int, patient: bool, deadline: float | None) -> None:
+        """Reads until at least ``need`` bytes (at most ``_AHEAD``) are ahead, with
+        whatever else is there; those already ahead are moved to the front first."""
+        ahead, rest = self._ahead, self._hi - self._lo
+        if rest:
+            ahead[:rest] = ahead[self._lo:self._hi]
+        self._lo, self._hi = 0, rest
+        self._hi = rest + self._read(ahead[rest:], patient and not rest, deadline, need - rest)
 
     def _read(self, view: memoryview, patient: bool, deadline: float | None, need: int) -> int:
         """Reads at least ``need`` bytes into ``view`` (more if they are there and it has
         room); answers how many it read."""
-        sock = self.sock
-        recv_into = sock.recv_into
-        got, size = 0, need
-        while got < size:
+        got = 0
+        while got < need:
             if deadline is not None:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise TimeoutError(f"the deadline passed with {got} of {size} bytes read")
-                sock.settimeout(left)
+                    raise TimeoutError(f"the deadline passed with {got} of {need} bytes read")
+                self.sock.settimeout(left)
             try:
-                n = recv_into(view[got:])
+                n = self.sock.recv_into(view[got:])
             except TimeoutError:
                 if patient and not got and deadline is None:  # an idle peer is not a silent one
                     continue
                 raise
             if not n:
-                raise Closed(f"the peer closed the connection ({got} of {size} bytes read)")
+                raise Closed(f"the peer closed the connection ({got} of {need} bytes read)")
             got += n
         return got
 

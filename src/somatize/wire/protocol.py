@@ -76,8 +76,13 @@ MACED, SEALED = 1, 2
 _PREFIX = struct.Struct("<2sBBIQ")
 MAC_SIZE = 32
 PREFIX = _PREFIX.size + MAC_SIZE
+# The same, read with the magic and the version as one field, and the MAC as bytes.
+_WHOLE_PREFIX = struct.Struct(f"<3sBIQ{MAC_SIZE}s")
+_LEAD = MAGIC + bytes([VERSION])
 _NO_MAC = bytes(MAC_SIZE)
 _SEQ = struct.Struct("<Q")
+_FLAGS = frozenset({0, MACED, MACED | SEALED})  # SEALED is only ever set with MACED
+_INT = frozenset({int})
 
 #: Every kind a frame may have; anything else is not one of ours.
 FRAME_KINDS = frozenset({
@@ -149,6 +154,15 @@ class Keyed:
             mac.update(part)
         return mac.digest()
 
+    def _header_tag(self, direction: bytes, seq: int, start: Any, raw: Any) -> bytes:
+        """``tag(direction, seq, start, raw)``, the MAC of a frame's header, written
+        out without the loop since every frame pays for it on both ends."""
+        mac = self._keyed.copy()
+        mac.update(direction + _SEQ.pack(seq))
+        mac.update(start)
+        mac.update(raw)
+        return mac.digest()
+
 
 class OtherVersion(ProtocolError):
     """A frame of another version of the protocol; ``version`` is the one it speaks."""
@@ -200,77 +214,96 @@ def refusal(version: int, why: str) -> bytes:
 
 
 # -- encoding -----------------------------------------------------------------------
+#: What a codec may answer with to send one buffer from several places (a header and
+#: a tensor's own memory, say): sent back to back, and received as one buffer.
+_GROUPS = (tuple, list)
+
+
 def encode(kind: str, header: dict[str, Any] | None = None, buffers: list[Any] = (),
            keyed: Keyed | None = None, sealed: bool = False,
            most: int | None = None) -> list[Any]:
     """A frame as the pieces to send, in order; buffers are not copied.
 
-    ``session`` MACs it (and advances the send counter); ``sealed`` adds a MAC over
+    ``keyed`` MACs it (and advances the send counter); ``sealed`` adds a MAC over
     the buffers, where the connection is keyed. A frame larger than
     ``most`` bytes (what the far side accepts) is refused before the counter moves.
     """
-    parts = [_parts(b) for b in buffers]
-    views = [v for group in parts for v in group]
+    # Each buffer's views and its size in one pass: for a small frame, nested lists
+    # and sums over them cost as much as the rest of this function.
+    views: list[memoryview] = []
+    sizes: list[int] = []
+    for buffer in buffers:
+        size = 0
+        for part in buffer if type(buffer) in _GROUPS else (buffer,):
+            view = memoryview(part)
+            if view.format != "B" or view.ndim != 1:
+                view = view.cast("B")
+            views.append(view)
+            size += view.nbytes
+        sizes.append(size)
+    # A copy, since a caller may send the same header again (a retried slice does).
     head = dict(header) if header else {}
     head["k"] = kind
-    if parts:
-        head["b"] = [sum(v.nbytes for v in group) for group in parts]
+    if sizes:
+        head["b"] = sizes
     try:
-        raw = msgpack.packb(head, use_bin_type=True)
+        raw = _packed(head)
     except OverflowError:
         raise ProtocolError(
             f"a {kind!r} frame holds an int beyond 64 bits, which msgpack cannot carry; "
             "send it as a str, or wrap it in Opaque with a codec"
         ) from None
-    body = sum(v.nbytes for v in views)
+    body = sum(sizes)
     if most is not None and PREFIX + len(raw) + body > most:
         raise ProtocolError(f"a {kind!r} frame of {PREFIX + len(raw) + body} bytes is over "
                             f"the far side's limit of {most} bytes")
-    flags = 0
-    if keyed is not None:
-        flags |= MACED | (SEALED if sealed and parts else 0)
-    start = _PREFIX.pack(MAGIC, VERSION, flags, len(raw), body)
     if keyed is None:
-        return [start + _NO_MAC + raw, *views]
+        return [_PREFIX.pack(MAGIC, VERSION, 0, len(raw), body) + _NO_MAC + raw, *views]
+    flags = MACED | SEALED if sealed and sizes else MACED
+    start = _PREFIX.pack(MAGIC, VERSION, flags, len(raw), body)
     seq = keyed.sent
-    keyed.sent += 1
-    mac = keyed.tag(keyed.side, seq, start, raw)
+    keyed.sent = seq + 1
+    mac = keyed._header_tag(keyed.side, seq, start, raw)
     pieces: list[Any] = [start + mac + raw, *views]
     if flags & SEALED:
         pieces.append(keyed.tag(keyed.side, seq, mac, *views))
     return pieces
 
 
-def _parts(buffer: Any) -> list[memoryview]:
-    """One buffer as the byte views it is sent from: itself, or, for a codec that
-    answers with a tuple or list of buffers (a header and a tensor's own memory, say),
-    each of them, sent back to back and received as one."""
-    if type(buffer) in (tuple, list):
-        return [_bytes_view(part) for part in buffer]
-    return [_bytes_view(buffer)]
+# msgpack.packb makes a Packer for every call, a quarter of what packing a small
+# header costs. Packers are kept instead, each taken by one encode at a time: list
+# pop and append are atomic, so two threads never share one.
+_idle_packers: list[Any] = []
+_PACKER_KEEPS = 1 << 20  # a Packer's buffer stays as large as the largest it packed
 
 
-def _bytes_view(buffer: Any) -> memoryview:
-    view = memoryview(buffer)
-    if view.format != "B" or view.ndim != 1:
-        view = view.cast("B")
-    return view
+def _packed(head: dict[str, Any]) -> bytes:
+    """``head`` as msgpack, by a Packer nobody else is using."""
+    try:
+        packer = _idle_packers.pop()
+    except IndexError:  # none made yet, or every one in use
+        packer = msgpack.Packer(use_bin_type=True)
+    raw = packer.pack(head)
+    if len(raw) <= _PACKER_KEEPS:
+        _idle_packers.append(packer)
+    return raw
 
 
 # -- decoding -----------------------------------------------------------------------
 def split_prefix(prefix: bytes | bytearray | memoryview, limits: Limits) -> tuple[int, int, int, bytes]:
     """``(flags, header length, buffers length, mac)`` of a 48-byte prefix, checked."""
-    if len(prefix) != PREFIX:
-        raise ProtocolError(f"a frame prefix is {PREFIX} bytes, got {len(prefix)}")
-    magic, version, flags, header_len, body_len = _PREFIX.unpack_from(prefix)
-    if magic != MAGIC:
-        raise ProtocolError(f"not a somatize frame (it starts {bytes(prefix[:2])!r}, not {MAGIC!r})")
-    if version != VERSION:
+    try:
+        lead, flags, header_len, body_len, mac = _WHOLE_PREFIX.unpack(prefix)
+    except struct.error:
+        raise ProtocolError(f"a frame prefix is {PREFIX} bytes, got {len(prefix)}") from None
+    if lead != _LEAD:
+        if lead[:2] != MAGIC:
+            raise ProtocolError(f"not a somatize frame (it starts {lead[:2]!r}, not {MAGIC!r})")
         raise OtherVersion(
-            f"a frame of wire protocol {version}, and this side speaks {VERSION}; "
-            "install the same somatize on both ends", version
+            f"a frame of wire protocol {lead[2]}, and this side speaks {VERSION}; "
+            "install the same somatize on both ends", lead[2]
         )
-    if flags & ~(MACED | SEALED) or (flags & SEALED and not flags & MACED):
+    if flags not in _FLAGS:
         raise ProtocolError(f"a frame with unknown flags {flags:#x}")
     if header_len > limits.header:
         raise ProtocolError(f"a frame header of {header_len} bytes is over the limit of {limits.header}")
@@ -278,7 +311,7 @@ def split_prefix(prefix: bytes | bytearray | memoryview, limits: Limits) -> tupl
         raise ProtocolError(
             f"a frame of {header_len + body_len + PREFIX} bytes is over the limit of {limits.frame}"
         )
-    return flags, header_len, body_len, bytes(prefix[_PREFIX.size:])
+    return flags, header_len, body_len, mac
 
 
 def read_header(raw: bytes | bytearray | memoryview, body_len: int, limits: Limits) -> tuple[str, dict[str, Any], list[int]]:
@@ -296,8 +329,11 @@ def read_header(raw: bytes | bytearray | memoryview, body_len: int, limits: Limi
     if kind not in FRAME_KINDS:
         raise ProtocolError(f"a frame of unknown kind {kind!r}")
     sizes = head.get("b", [])
+    # Every size an int (a bool is not one) and none negative: checked by loops in C
+    # (the set of their types, the least of them) rather than a generator in Python,
+    # which every frame with buffers paid for.
     if (type(sizes) is not list or len(sizes) > limits.buffers
-            or not all(type(n) is int and n >= 0 for n in sizes)):
+            or not {*map(type, sizes)} <= _INT or sizes and min(sizes) < 0):
         raise ProtocolError(f"a {kind!r} frame with malformed buffer sizes")
     if sum(sizes) != body_len:
         raise ProtocolError(
@@ -327,12 +363,12 @@ def check_header_mac(keyed: Keyed | None, flags: int, prefix: Any, raw: Any, mac
             return None
         raise ProtocolError("a frame without a MAC on an authenticated connection")
     seq = keyed.received
-    expected = keyed.tag(keyed.peer, seq, bytes(prefix[:_PREFIX.size]), raw)
+    expected = keyed._header_tag(keyed.peer, seq, prefix[:_PREFIX.size], raw)
     if not hmac.compare_digest(expected, mac):
         raise ProtocolError(
             "a frame whose MAC does not match: replayed, reordered, altered or forged"
         )
-    keyed.received += 1
+    keyed.received = seq + 1
     return seq
 
 
