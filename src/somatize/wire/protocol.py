@@ -65,12 +65,14 @@ __all__ = [
     "split_prefix",
 ]
 
-#: 3: every request names the client session it belongs to, and a worker holds a
-#: catalog per session. 2 had one catalog per worker, which any client replaced; it
-#: and 3 share the handshake: the client proves it holds the token first, the worker
+#: 4: a slice may name its form (session, nodes, outputs) by the number it was said
+#: under earlier on the connection, which a worker of 3 would take for a malformed
+#: slice. 3: every request names the client session it belongs to, and a worker holds
+#: a catalog per session. 2 had one catalog per worker, which any client replaced; 2,
+#: 3 and 4 share the handshake: the client proves it holds the token first, the worker
 #: answers after, and the MAC key is the token stretched by scrypt. 1 (somatize 1.0)
 #: had the worker prove first.
-VERSION = 3
+VERSION = 4
 MAGIC = b"SZ"
 MACED, SEALED = 1, 2
 _PREFIX = struct.Struct("<2sBBIQ")
