@@ -32,6 +32,14 @@ class Boom(Node):
         raise ZeroDivisionError("no")
 
 
+class Add(Node):
+    def __init__(self, n):
+        self.n = n
+
+    def forward(self, x, ctx):
+        return x + self.n
+
+
 class Device(Node):
     def forward(self, x, ctx):
         return [ctx.device, ctx.node]
@@ -161,13 +169,6 @@ def test_a_mapped_node_answers_item_for_item():
 def test_part_of_a_graph_with_given_values():
     from somatize._engine import Pass
 
-    class Add(Node):
-        def __init__(self, n):
-            self.n = n
-
-        def forward(self, x, ctx):
-            return x + self.n
-
     g = Graph.somatize(Add(1).named("a") >> Add(10).named("b") >> Add(100).named("c"))
     pieces = Pass()
     assert pieces.run(g, 0, nodes=["b", "c"], given={"a": 5}) == 115
@@ -179,13 +180,6 @@ def test_part_of_a_graph_with_given_values():
 
 def test_a_forward_in_pieces_is_one_forward_in_the_record():
     from somatize._engine import Pass
-
-    class Add(Node):
-        def __init__(self, n):
-            self.n = n
-
-        def forward(self, x, ctx):
-            return x + self.n
 
     g = Graph.somatize(Add(1).named("a") >> Add(10).named("b"))
     seen = []
@@ -218,13 +212,6 @@ def test_a_host_without_a_broker_is_refused_before_anything_runs():
 
 def test_a_walk_decided_once_runs_again_with_new_values_and_a_changed_graph_decides_anew():
     from somatize._engine import Pass, compiled
-
-    class Add(Node):
-        def __init__(self, n):
-            self.n = n
-
-        def forward(self, x, ctx):
-            return x + self.n
 
     g = Graph.somatize(Add(1).named("a") >> Add(10).named("b") >> Add(100).named("c"))
     walk = compiled(g.data(), ["b", "c"], ("a",), None, False)

@@ -320,34 +320,34 @@ class Walk:
     def _through(self, one: Pass, vals: list[Any], value: Any, backend: Runner,
                  hooks: Any) -> None:
         """The walk's segments in order, each wave's slices out and read back before
-        the next: what a caller that waits for the answer runs."""
-        prog, emit, began = self.prog, one.emit, one.since
+        the next: what a caller that waits for the answer runs. It is ``_segments``
+        without the generator, whose making and driving to its end cost a stage that is
+        walked every step about a hundred opcodes."""
+        prog = self.prog
         backend.prepare(prog.data)
         forward_id = new_forward_id()
         for kind, order, remotes in self.route.segments:
             if kind == "here":
-                walk(prog, order, vals, value, hooks, emit, began)
-                continue
-            pieces = _pieces(remotes, vals, value, one, forward_id)
-            here = (lambda: walk(prog, order, vals, value, hooks, emit, began)) if order else None
-            _settled(prog, remotes, fan_out(backend, pieces, here), vals, emit)
+                walk(prog, order, vals, value, hooks, one.emit, one.since)
+            else:
+                pieces, here = _wave(prog, order, remotes, vals, value, hooks, one, forward_id)
+                _settled(prog, remotes, fan_out(backend, pieces, here), vals, one.emit)
 
     def _segments(self, one: Pass, vals: list[Any], value: Any, backend: Runner | None,
                   hooks: Any):
         """The walk's segments in order, as a generator that yields once a wave's slices
         are out, so that whoever drives it does more meanwhile (a pipeline)."""
-        prog, emit, began = self.prog, one.emit, one.since
+        prog = self.prog
         forward_id = None
         if backend is not None:
             backend.prepare(prog.data)
             forward_id = new_forward_id()
         for kind, order, remotes in self.route.segments:
             if kind == "here":
-                walk(prog, order, vals, value, hooks, emit, began)
-                continue
-            pieces = _pieces(remotes, vals, value, one, forward_id)
-            here = (lambda: walk(prog, order, vals, value, hooks, emit, began)) if order else None
-            _settled(prog, remotes, (yield from spread(backend, pieces, here)), vals, emit)
+                walk(prog, order, vals, value, hooks, one.emit, one.since)
+            else:
+                pieces, here = _wave(prog, order, remotes, vals, value, hooks, one, forward_id)
+                _settled(prog, remotes, (yield from spread(backend, pieces, here)), vals, one.emit)
 
 
 def _read(v: Any, reader: str) -> Any:
@@ -356,12 +356,16 @@ def _read(v: Any, reader: str) -> Any:
     return v
 
 
-def _pieces(remotes: list[tuple[Shape, list]], vals: list[Any], value: Any, one: Pass,
-            forward_id: str) -> list[Slice]:
-    """This time's slice of each shape in a wave, handed what it reads."""
-    watching, stamping = one.emit is not None, one.stamping
-    return [Slice(shape, {p: vals[at] for p, at in slots}, value, watching, stamping, forward_id)
-            for shape, slots in remotes]
+def _wave(prog: Program, order: list[int], remotes: list[tuple[Shape, list]], vals: list[Any],
+          value: Any, hooks: Any, one: Pass, forward_id: str) -> tuple[list[Slice], Any]:
+    """This time's slice of each shape in a wave, handed what it reads, and what runs
+    here meanwhile (its nodes here, or None)."""
+    emit, began, stamping = one.emit, one.since, one.stamping
+    pieces = [Slice(shape, {p: vals[at] for p, at in slots}, value, emit is not None,
+                    stamping, forward_id)
+              for shape, slots in remotes]
+    here = (lambda: walk(prog, order, vals, value, hooks, emit, began)) if order else None
+    return pieces, here
 
 
 def _settled(prog: Program, remotes: list[tuple[Shape, list]],

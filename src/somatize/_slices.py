@@ -67,30 +67,6 @@ class Slice:
     stamping: Mapping[str, Any] | None = None
     forward: str | None = None
 
-    @property
-    def host(self) -> str:
-        return self.shape.host
-
-    @property
-    def data(self) -> Any:
-        return self.shape.data
-
-    @property
-    def nodes(self) -> tuple[str, ...]:
-        return self.shape.nodes
-
-    @property
-    def needs_input(self) -> bool:
-        return self.shape.needs_input
-
-    @property
-    def wanted(self) -> tuple[str, ...]:
-        return self.shape.wanted
-
-    @property
-    def transposed(self) -> bool:
-        return self.shape.transposed
-
 
 class Outcome:
     """What came back from a slice: values by node, what could not travel and why

@@ -164,13 +164,13 @@ class Broker(Runner):
 
     def run(self, piece: Slice) -> Outcome:
         """Runs one slice on its host in one round trip."""
-        return self._of(piece.data).run(piece)
+        return self._of(piece.shape.data).run(piece)
 
     def submit(self, piece: Slice) -> Any:
         """Sends one slice now and answers a pending Outcome (``result()``), read when
         asked: a wave over many hosts costs one wait, not one round trip per host, and
         a pipeline runs its next piece here while this one is out."""
-        return self._of(piece.data).submit(piece)
+        return self._of(piece.shape.data).submit(piece)
 
     def __repr__(self) -> str:
         return f"Broker({self._listing!r})"

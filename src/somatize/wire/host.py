@@ -416,24 +416,24 @@ def _run(piece: Slice, holding: Holding) -> Answer:
     facts: list[dict] = []
     began = time.perf_counter()
     try:
-        out = run_slice(piece.data, piece, facts)
+        out = run_slice(piece.shape.data, piece, facts)
     except Exception as exc:  # the one boundary where a slice's failure is translated
-        return failed(exc, facts, f"slice {list(piece.nodes)} failed after "
+        return failed(exc, facts, f"slice {list(piece.shape.nodes)} failed after "
                                   f"{(time.perf_counter() - began) * 1e3:.1f} ms: {exc}")
     except (KeyboardInterrupt, SystemExit) as exc:  # a node's, not this worker's to obey
-        node, kind = getattr(exc, "soma_node", piece.nodes[0]), type(exc).__name__
+        node, kind = getattr(exc, "soma_node", piece.shape.nodes[0]), type(exc).__name__
         error = NodeError(
             f"node {node!r} raised {kind}({exc}) on the worker; a worker does not stop for a "
             f"node's {kind} (it serves on): raise an ordinary exception to fail a slice",
             node=node, kind=kind)
         error.__cause__ = exc
-        return failed(error, facts, f"slice {list(piece.nodes)}: node {node!r} raised {kind}; "
+        return failed(error, facts, f"slice {list(piece.shape.nodes)}: node {node!r} raised {kind}; "
                                     "serving on")
     buffers: list[Any] = []
     try:
         trees, refused = pack_values(out, buffers)
     except Exception as exc:  # a codec that failed otherwise than by refusing
-        return failed(exc, facts, f"slice {list(piece.nodes)} ran, and its outputs could not "
+        return failed(exc, facts, f"slice {list(piece.shape.nodes)} ran, and its outputs could not "
                                   f"be packed: {exc}")
     for node in refused:
         holding.held[node] = out[node]
