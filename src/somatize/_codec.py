@@ -180,16 +180,17 @@ def pack_into(value: Any, buffers: list[Any]) -> Any:
             else:
                 out[key] = pack_into(item, buffers)
         return out
-    # A value whose type has a codec (a tensor) is common: it is found by one lookup
-    # rather than after every kind of data has been tried, which cost it 60 opcodes.
-    written = _by_type.get(cls)
-    if written is not None:
-        buffers.append(written[1](value))
-        return {OPAQUE: written[0], "buffer": len(buffers) - 1}
     if cls is list:
         return [pack_into(item, buffers) for item in value]
     if cls is tuple:
         return {TUPLE: [pack_into(item, buffers) for item in value]}
+    # A value whose type has a codec (a tensor) is common: it is found by one lookup
+    # rather than after every other kind of data has been tried, which cost it some
+    # 50 opcodes. Lists and tuples, as common, are told apart before it.
+    written = _by_type.get(cls)
+    if written is not None:
+        buffers.append(written[1](value))
+        return {OPAQUE: written[0], "buffer": len(buffers) - 1}
     if cls is bytes or cls is bytearray or cls is memoryview:
         buffers.append(value)
         return {BYTES: len(buffers) - 1}

@@ -145,11 +145,12 @@ def test_a_dtype_and_shape_written_before_let_no_sparse_or_meta_tensor_through()
         _codec.dump(torch.empty(3, 3, device="meta"))
 
 
-@pytest.mark.parametrize("make", [
+@pytest.mark.parametrize("make", [  # through numpy, and through torch's views
     lambda: torch.randn(4, 6), lambda: torch.randn(4, 6, requires_grad=True),
-    lambda: torch.randn(4, 6).bfloat16(), lambda: torch.tensor(2.5),
-    lambda: torch.arange(10.0)[3:7],
-], ids=["float32", "grad", "bfloat16", "scalar", "offset"])
+    lambda: torch.tensor(2.5), lambda: torch.arange(10.0)[3:7],
+    lambda: torch.randn(4, 6).bfloat16(), lambda: torch.randn(4, 6).bfloat16().requires_grad_(),
+    lambda: torch.tensor(2.5, dtype=torch.bfloat16),
+], ids=["float32", "grad", "scalar", "offset", "bfloat16", "bfloat16-grad", "bfloat16-scalar"])
 def test_a_contiguous_cpu_tensor_is_handed_on_as_its_own_memory(make):
     tensor = make()
     head, values = _codec.pieces(tensor)

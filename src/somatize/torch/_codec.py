@@ -79,10 +79,12 @@ _SHELL_DTYPES = frozenset(getattr(torch, n) for n in _SHELLS if hasattr(torch, n
 def _numpy_dtypes() -> dict[torch.dtype, Any]:
     """Each dtype that numpy holds as well, with numpy's dtype for it (none without numpy)."""
     found: dict[torch.dtype, Any] = {}
+    if numpy is None:
+        return found
     for name in ("float64", "float32", "float16", "int64", "int32", "int16", "int8",
                  "uint64", "uint32", "uint16", "uint8", "bool", "complex64", "complex128"):
         dtype = getattr(torch, name, None)
-        if numpy is None or not isinstance(dtype, torch.dtype):
+        if not isinstance(dtype, torch.dtype):  # an older torch lacks the unsigned ones
             continue
         try:
             numpy_dtype = torch.empty(0, dtype=dtype).numpy().dtype
@@ -172,12 +174,15 @@ def _in_place(tensor: torch.Tensor) -> Any:
         return None
     dtype = tensor.dtype
     try:  # through numpy's buffer; a torch without numpy copies instead
+        # force= only detaches, the tensor being on the CPU with no lazy bits, and in
+        # less time than detach() does.
         if dtype in _IN_NUMPY:
-            # force only detaches here: the tensor is on the CPU with no lazy bits.
             return tensor.numpy(force=True).ravel().view(numpy.uint8)
         if dtype in _SHELL_DTYPES:
             return None
-        return tensor.detach().reshape(-1).view(torch.uint8).numpy()
+        # One torch view, as bytes (a 0-dim tensor is given its one dimension first).
+        as_bytes = (tensor if tensor.dim() else tensor.view(1)).view(torch.uint8)
+        return as_bytes.numpy(force=True).ravel()
     except (RuntimeError, TypeError):
         return None
 
