@@ -15,7 +15,12 @@ measured steps:
 - plain: ``split.PlainSplit``, the same step in plain torch over one socket, with its
   body's optimizer in a process of its own; the floor of what a split step does.
 
+With ``--message``, the same count for one message instead of a step: a tiny remote
+forward (``wire.py``'s, a string there and back) beside ``wire.RawEcho``, a process
+that echoes it with one ``recv`` and one ``sendall`` — the floor of any message.
+
     python benchmarks/instructions.py            # 200 steps; --steps N for more
+    python benchmarks/instructions.py --message  # one message, beside the raw echo
 
 Needs valgrind (``apt-get install valgrind``); without it, says so and stops.
 """
@@ -32,6 +37,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 STEPS = int(sys.argv[sys.argv.index("--steps") + 1]) if "--steps" in sys.argv else 200
 SIZE = sys.argv[sys.argv.index("--size") + 1] if "--size" in sys.argv else "tiny"
+MESSAGE = "--message" in sys.argv
 WARM = 30
 
 
@@ -80,7 +86,9 @@ def inside(which: str, folder: str) -> None:
     width, rows = split.SIZES[SIZE]
     data = [split.batch(width, rows) for _ in range(10)]
     far_out = os.path.join(folder, "far.%p")
-    if which == "ours":
+    if which in ("forward", "echo"):
+        step, far, close = _message(which, far_out)
+    elif which == "ours":
         from somatize import Broker, Worker
         from somatize.torch import Split, Trainer, parameters
 
@@ -112,6 +120,34 @@ def inside(which: str, folder: str) -> None:
         step(data[k % len(data)])
     counting(False, os.getpid(), far)
     close()
+
+
+def _message(which: str, far_out: str) -> tuple:
+    """One tiny message there and back: somatize's remote forward, or the raw echo;
+    answers the call that sends it, the far process and how to close it."""
+    import wire
+
+    if which == "forward":
+        from somatize import Graph, Worker
+
+        worker = Worker.spawn([*callgrind(far_out), sys.executable, "-m", "somatize.worker",
+                               "--listen", "127.0.0.1:0", "--quiet"],
+                              mode="network", send=["wire"], timeout=600)
+        graph, broker, text = Graph.somatize(wire.Same().at("w1")), {"w1": worker}, "hello" * 20
+        graph.forward(text, broker=broker)  # the worker is started by the first forward
+        return ((lambda _: graph.forward(text, broker=broker)),
+                child_of(os.getpid(), "somatize.worker"), worker.close)
+    popen = subprocess.Popen
+
+    def watched(argv, **kwargs):  # the echo's process, under callgrind too
+        return popen([*callgrind(far_out), *argv], **kwargs)
+    wire.subprocess.Popen = watched
+    try:
+        echo = wire.RawEcho()
+    finally:
+        wire.subprocess.Popen = popen
+    message = memoryview(b"x" * 160)  # about what the tiny forward puts on the wire
+    return (lambda _: echo.round_trip(message)), echo.proc.pid, echo.close
 
 
 def measured(which: str) -> tuple[float, float]:
@@ -148,16 +184,20 @@ def main() -> None:
     if not (shutil.which("valgrind") and shutil.which("callgrind_control")):
         print("needs valgrind (apt-get install valgrind): nothing measured")
         return
-    ours, plain = measured("ours"), measured("plain")
-    print(f"{SIZE} split step, instructions per step in user space (callgrind, {STEPS} steps "
-          f"after {WARM})")
-    print(f"{'':12}{'here':>14}{'worker':>14}{'both':>14}")
-    for name, (near, far) in (("ours", ours), ("plain torch", plain)):
+    if MESSAGE:
+        ours, plain = measured("forward"), measured("echo")
+        what, floor, each = "tiny remote forward", "raw echo", "message"
+    else:
+        ours, plain = measured("ours"), measured("plain")
+        what, floor, each = f"{SIZE} split step", "plain torch", "step"
+    print(f"{what}, instructions per {each} in user space (callgrind, {STEPS} after {WARM})")
+    print(f"{'':12}{'here':>14}{'far side':>14}{'both':>14}")
+    for name, (near, far) in (("ours", ours), (floor, plain)):
         print(f"{name:12}{near:14,.0f}{far:14,.0f}{near + far:14,.0f}")
-    print(f"{'ours/plain':12}{ours[0] / plain[0]:13.2f}x{ours[1] / plain[1]:13.2f}x"
+    print(f"{'ratio':12}{ours[0] / plain[0]:13.2f}x{ours[1] / plain[1]:13.2f}x"
           f"{sum(ours) / sum(plain):13.2f}x")
-    print(f"ours over plain: {ours[0] - plain[0]:,.0f} here and {ours[1] - plain[1]:,.0f} on "
-          "the worker per step")
+    print(f"ours over the {floor}: {ours[0] - plain[0]:,.0f} here and {ours[1] - plain[1]:,.0f} "
+          f"on the far side per {each}")
 
 
 if __name__ == "__main__":
