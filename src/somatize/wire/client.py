@@ -22,8 +22,8 @@ from .._errors import ProtocolError, Silent, Unauthorised, WireError
 from .._slices import Outcome
 from .channel import Channel, Closed
 from .protocol import HANDSHAKE, VERSION, Keyed, connection_key, derive_key, new_nonce, proof
-from .transport import (FORMS, Form, Link, Pending, Request, Tenancy, catalog_refused,
-                        outcome_of, state_lost)
+from .transport import (FORMS, Link, Pending, Request, Tenancy, catalog_refused, outcome_of,
+                        state_lost)
 
 __all__ = ["SocketLink", "SocketPending"]
 
@@ -59,8 +59,11 @@ class SocketLink(Link):
         self.inflight: collections.deque[SocketPending] = collections.deque()
         self._sending = False
         self._carried = [0, 0]  # bytes sent and received on connections since dropped
-        # The forms this connection said in full, by the number the worker knows them by.
-        self._said: dict[Form, int] = {}
+        # Which connection this is (counted over the link's life), and how many forms it
+        # said in full: a form said on it notes both (Form.said), so nothing here holds
+        # on to a form, nor to the session and catalog behind it.
+        self._connection = 0
+        self._forms = 0
 
     # -- a slice --------------------------------------------------------------------
     def run(self, request: Request) -> Outcome:
@@ -111,7 +114,8 @@ class SocketLink(Link):
             finally:
                 self._sending = False
             if naming is not None:  # said in full and numbered: named by its number from now on
-                self._said[request.form] = naming
+                request.form.said = (self._connection, naming)
+                self._forms += 1
             pending.sent, pending.took_sent = sent, (time.perf_counter_ns() - began) // 1000
             pending.sent_at = time.monotonic()
             self.inflight.append(pending)
@@ -122,11 +126,11 @@ class SocketLink(Link):
         said here before, else said in full with the number it will go by (answered
         beside, to be kept once the frame went out), or said in full every time once
         this connection named as many forms as it may."""
-        number = self._said.get(request.form)
-        if number is not None:
-            return request.header({"p": number}), None
+        said = request.form.said
+        if said is not None and said[0] == self._connection:
+            return request.header({"p": said[1]}), None
         header = request.header()
-        number = len(self._said)
+        number = self._forms
         if number >= FORMS:
             return header, None
         header["p"] = number
@@ -475,7 +479,8 @@ class SocketLink(Link):
 
     def _drop(self) -> None:
         channel, self.channel = self.channel, None
-        self._said = {}  # a new connection knows no form
+        self._connection += 1  # the next one knows no form
+        self._forms = 0
         if channel is not None:
             self._carried[0] += channel.sent
             self._carried[1] += channel.received

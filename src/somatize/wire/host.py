@@ -69,13 +69,16 @@ class Tenant:
     owner said it keeps state here, whether a slice has run in it since, and the nodes
     of it that share something with other sessions (``Sharing``)."""
 
-    __slots__ = ("catalog", "graph", "keeps", "live", "lock", "shares", "used")
+    __slots__ = ("catalog", "graph", "keeps", "live", "lock", "shapes", "shares", "used")
 
     def __init__(self, catalog: str, graph: Any, keeps: bool, shares: tuple = ()):
         self.catalog, self.graph, self.keeps, self.shares = catalog, graph, keeps, shares
         self.live = False
         self.lock = threading.Lock()  # a session's slices run one at a time
         self.used = time.monotonic()
+        # The slices its forms make in its catalog (SliceForm.shape): kept with the
+        # session, so that what it held goes when it goes, whoever's connection asked.
+        self.shapes: dict[tuple, Shape] = {}
 
 
 class Sharing:
@@ -333,24 +336,25 @@ class SliceForm:
     request that names one is not read and checked again, and the slice it makes in a
     session's catalog is made once (``shape``)."""
 
-    __slots__ = ("_shapes", "nodes", "session", "transposed", "wanted")
+    __slots__ = ("key", "nodes", "session", "transposed", "wanted")
 
     def __init__(self, session: bytes, nodes: list[str], wanted: list[str], transposed: bool):
         self.session, self.nodes, self.wanted = session, nodes, wanted
         self.transposed = transposed
-        self._shapes: dict[Any, Shape] = {}
+        self.key = (tuple(nodes), tuple(wanted), transposed)
 
-    def shape(self, graph: Any, given: tuple[str, ...]) -> Shape:
-        """The slice this form is in ``graph`` (a catalog's) handed values for ``given``:
-        made once, and then found, for the few catalogs and names one form meets."""
-        key = (graph, given)
-        found = self._shapes.get(key)
+    def shape(self, tenant: Tenant, given: tuple[str, ...]) -> Shape:
+        """The slice this form is in ``tenant``'s catalog handed values for ``given``:
+        made once, and kept by the tenant (a session holds a few forms; one that sends
+        ever new ones has the oldest forgotten)."""
+        key = (self.key, given)
+        found = tenant.shapes.get(key)
         if found is None:
-            if len(self._shapes) >= 8:  # a session that keeps replacing its catalog
-                self._shapes.clear()
-            found = self._shapes[key] = Shape("", graph, tuple(self.nodes), given,
-                                              wanted=tuple(self.wanted),
-                                              transposed=self.transposed)
+            if len(tenant.shapes) >= 64:
+                tenant.shapes.clear()
+            nodes, wanted, transposed = self.key
+            found = tenant.shapes[key] = Shape("", tenant.graph, nodes, given, wanted=wanted,
+                                               transposed=transposed)
         return found
 
 
@@ -402,9 +406,9 @@ def answer(sessions: Sessions, head: Any, buffers: list[Any], holding: Holding,
                 f"the output of node {ref!r} is no longer here: the worker kept it for one "
                 "forward, and it restarted or another forward began since")}, [])
         given[ref] = holding.held[ref] if transposed else Opaque(holding.held[ref])
-    piece = Slice(form.shape(tenant.graph, tuple(given)), given, Opaque(values.get("i")),
-                  bool(head.get("x")))
     with tenant.lock:  # one session's slices one at a time, whoever sends them
+        piece = Slice(form.shape(tenant, tuple(given)), given, Opaque(values.get("i")),
+                      bool(head.get("x")))
         tenant.live = True
         if not tenant.shares:
             return _run(piece, holding)

@@ -156,7 +156,7 @@ class Keyed:
             mac.update(part)
         return mac.digest()
 
-    def _header_tag(self, direction: bytes, seq: int, start: Any, raw: Any) -> bytes:
+    def header_tag(self, direction: bytes, seq: int, start: Any, raw: Any) -> bytes:
         """``tag(direction, seq, start, raw)``, the MAC of a frame's header, written
         out without the loop since every frame pays for it on both ends."""
         mac = self._keyed.copy()
@@ -265,7 +265,7 @@ def encode(kind: str, header: dict[str, Any] | None = None, buffers: list[Any] =
     start = _PREFIX.pack(MAGIC, VERSION, flags, len(raw), body)
     seq = keyed.sent
     keyed.sent = seq + 1
-    mac = keyed._header_tag(keyed.side, seq, start, raw)
+    mac = keyed.header_tag(keyed.side, seq, start, raw)
     pieces: list[Any] = [start + mac + raw, *views]
     if flags & SEALED:
         pieces.append(keyed.tag(keyed.side, seq, mac, *views))
@@ -365,7 +365,7 @@ def check_header_mac(keyed: Keyed | None, flags: int, prefix: Any, raw: Any, mac
             return None
         raise ProtocolError("a frame without a MAC on an authenticated connection")
     seq = keyed.received
-    expected = keyed._header_tag(keyed.peer, seq, prefix[:_PREFIX.size], raw)
+    expected = keyed.header_tag(keyed.peer, seq, prefix[:_PREFIX.size], raw)
     if not hmac.compare_digest(expected, mac):
         raise ProtocolError(
             "a frame whose MAC does not match: replayed, reordered, altered or forged"

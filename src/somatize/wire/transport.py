@@ -86,13 +86,15 @@ class Form:
     """What a slice's request says that is the same every time its shape is sent:
     which session, host and nodes, what is wanted back, whether it walks its nodes
     back. Made once per session and shape; a link may say it to its host once per
-    connection and name it after that (``header``)."""
+    connection and name it after that (``header``), noting in ``said`` which of its
+    connections that was and the number the form goes by there."""
 
     tenancy: Tenancy
     host: str
     nodes: list[str]
     wanted: list[str]
     transposed: bool = False
+    said: tuple[int, int] | None = None
 
     def header(self) -> dict[str, Any]:
         """These fields as a request header says them; what is off is left out."""
