@@ -185,6 +185,9 @@ def gradient(value: Any, device: str | torch.device | None = None) -> torch.Tens
     """What an envelope carries, or the sum of what a map of them carries, as a tensor
     on ``device``. None for a value that is not a backward message at all, and for an
     envelope (or a map of them) carrying nothing."""
+    if type(value) is dict and KEY in value:  # one envelope, the common case: read at once
+        carried = _inside(value)
+        return carried if carried is None or device is None else carried.to(device)
     if not carries(value):
         return None
     carried = [_inside(value)] if KEY in value else [_inside(v) for v in value.values()]

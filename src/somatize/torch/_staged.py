@@ -259,11 +259,14 @@ class StagedDriver:
         later, broker = pipe is not None, self.broker
         store = self.store
         for k, (stage, (walk, _)) in enumerate(zip(self.stages, self._walks())):
-            leaves = {p: _fresh(produced[p]) for p in stage.outside}
-            if stage.narrowing:
+            if not stage.outside:  # the first stage: handed the input alone
+                leaves, values = _NOTHING, ()
+            elif stage.narrowing:
+                leaves = {p: _fresh(produced[p]) for p in stage.outside}
                 values = [Opaque(narrowed(leaf, dtype))
                           for leaf, dtype in zip(leaves.values(), stage.narrows)]
             else:
+                leaves = {p: _fresh(produced[p]) for p in stage.outside}
                 values = [Opaque(leaf) for leaf in leaves.values()]
             answer = walk.run(one, x, values, broker, store if k == 0 else None, later)
             if later:
@@ -401,6 +404,9 @@ class StagedDriver:
                 learning.audited(Audit(every=audit.every, snapshot=audit.snapshot,
                                        channels=audit.channels, window=audit.window),
                                  node, pieces)
+
+
+_NOTHING: dict[str, Any] = {}  # what a stage handed nothing was handed (read, never written)
 
 
 def _fresh(value: Any) -> Any:
