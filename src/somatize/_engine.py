@@ -273,7 +273,7 @@ class Walk:
     def run(self, one: Pass, input: Any, values: Iterable[Any], broker: Any, store: Any,
             later: bool = False) -> Any:
         """Walks it once with these values (in ``given``'s order), as part of ``one``."""
-        value = settle(input, None)
+        value = input.value if type(input) is Opaque else settle(input, None)
         vals: list[Any] = [None] * self.size
         for at, node_id, v in zip(self.slots, self.given, values):
             vals[at] = v.value if type(v) is Opaque else settle(v, node_id)
@@ -311,8 +311,9 @@ class Walk:
     def answered(self, vals: list[Any]) -> Any:
         """What a walk answers: the outputs asked for by name, or else its one output,
         or a map of its outputs."""
-        if self.named:
-            return {node_id: _read(vals[i], node_id) for i, node_id in self.wanted}
+        if self.named:  # an output that stayed on a host is read (refused) by name
+            return {node_id: v if type(v := vals[i]) is not LostValue else _read(v, node_id)
+                    for i, node_id in self.wanted}
         if len(self.wanted) == 1:
             return _read(vals[self.wanted[0][0]], "the caller")
         return {node_id: _read(vals[i], "the caller") for i, node_id in self.wanted}

@@ -386,7 +386,9 @@ def answer(sessions: Sessions, head: Any, buffers: list[Any], holding: Holding,
     if tenant is None:
         return Answer("need", {"gone": gone} if gone else {}, [])
     if forward != holding.forward:  # what stayed for an earlier forward is nobody's now
-        holding.forward, holding.held = forward, {}
+        holding.forward = forward
+        if holding.held:
+            holding.held = {}
     try:
         values = unpack_values(head.get("v", {}), buffers)
     except SomaError as exc:
