@@ -3,12 +3,14 @@ provisions is its own, side by side with everybody else's; a session that keeps 
 is never given its first copy again; what a worker lets go of is said; and a node's
 Ctrl-C, a slow slice or many clients at once do not take a worker down."""
 
+import gc
 import threading
 import time
+import weakref
 
 import pytest
 from wire_helpers import TOKEN, standing  # noqa: F401  (a fixture)
-from wire_nodes import Add, Count, Interrupt, Sleep
+from wire_nodes import Add, Count, Interrupt, Shout, Sleep
 
 from somatize import Broker, DeclarationError, Graph, NodeError, StateLost, WireError, Worker
 
@@ -138,3 +140,17 @@ def test_a_socket_link_counts_the_bytes_each_way(standing):
         assert then["sent"] - first["sent"] >= len(big)
         assert then["received"] - first["received"] < 2_000
     assert Worker.in_process().link.traffic() is None  # a link that counts nothing says so
+
+
+def test_a_broker_lets_go_of_a_graph_its_user_let_go_of():
+    broker = Broker({"w": Worker.in_process()})  # one broker for the whole run, as a user's
+    forms = []
+    for text in ("a", "b"):
+        g = Graph.somatize(Shout().at("w"))
+        assert g.forward(text, broker=broker) == text.upper()
+        forms.append(weakref.ref(g.data()))
+    del g
+    gc.collect()
+    # a session per graph, kept as long as the graph lives: the last one included
+    assert [form() for form in forms] == [None, None]
+    assert Graph.somatize(Shout().at("w")).forward("c", broker=broker) == "C"

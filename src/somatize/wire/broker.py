@@ -145,7 +145,7 @@ class Broker(Runner):
     # -- the walk's side: each graph in a session of its own ---------------------------
     def _of(self, data: Any) -> Session:
         last = self._last
-        if last is not None and last[0] is data:  # a forward asks twice, forward after forward
+        if last is not None and last[0]() is data:  # a forward asks twice, forward after forward
             return last[1]
         found = self._graphs.get(data)
         if found is None:
@@ -153,7 +153,7 @@ class Broker(Runner):
             if owned is None:
                 owned = _graphs[data] = (secrets.token_bytes(16), {})
             found = self._graphs[data] = Session(self, keeps=False, owned=owned)
-        self._last = (data, found)
+        self._last = (weakref.ref(data), found)  # weakly, like every graph it keeps a session of
         return found
 
     def prepare(self, data: Any) -> None:
@@ -176,6 +176,10 @@ class Broker(Runner):
         return f"Broker({self._listing!r})"
 
 
+def _NOTHING() -> None:  # a dead weak reference: nothing staged yet
+    return None
+
+
 def _pack(data: Any, worker: Place, hosts: set[str]) -> Staged:
     here = {n for n, h in data.hosts.items() if h in hosts}
     kind, blob_id, blob = worker.packed({n: data.impls[n] for n in data.ids if n in here})
@@ -193,9 +197,10 @@ class Session(Runner):
                  owned: tuple[bytes, dict[bytes, Tenancy]] | None = None):
         self.broker, self.keeps = broker, keeps
         self.id, self._tenancies = owned if owned is not None else (secrets.token_bytes(16), {})
-        self._prepared: Any = None  # the data form staged last: a forward stages each time
+        # The data form staged last (a forward stages each time), held weakly: a broker
+        # keeps a session per graph for as long as the graph lives, and no longer.
+        self._prepared: Any = _NOTHING
         self._hosts: dict[str, tuple[Place, Tenancy]] = {}  # each host's wire, found once
-        self._forms: dict[Shape, tuple[Place, Form]] = {}  # each shape's wire and form, made once
 
     @property
     def ordered(self) -> bool:  # type: ignore[override]
@@ -213,9 +218,9 @@ class Session(Runner):
 
     def prepare(self, data: Any) -> None:
         """Stages the graph's catalog for this session on every wire it uses."""
-        if data is self._prepared:
+        if self._prepared() is data:
             return
-        self._prepared = data
+        self._prepared = weakref.ref(data)
         for worker, staged in self.broker.stagings(data):
             tenancy = self._tenancy(worker)
             if tenancy.staged is not staged:
@@ -249,12 +254,13 @@ class Session(Runner):
 
     def _form(self, shape: Shape) -> tuple[Place, Form]:
         """The wire a shape of slice goes over and what its requests always say; made
-        once per shape, since a walk sends the same shapes again and again."""
-        found = self._forms.get(shape)
+        once per shape, since a walk sends the same shapes again and again, and kept
+        with the shape (so with its graph), not here."""
+        found = shape.memo.get(self)
         if found is None:
             worker, tenancy = self._place(shape.host)
-            found = self._forms[shape] = (worker, Form(tenancy, shape.host, list(shape.nodes),
-                                                       list(shape.wanted), shape.transposed))
+            found = shape.memo[self] = (worker, Form(tenancy, shape.host, list(shape.nodes),
+                                                     list(shape.wanted), shape.transposed))
         return found
 
     def _request(self, piece: Slice) -> tuple[Place, Request]:
@@ -262,7 +268,7 @@ class Session(Runner):
         shape = piece.shape
         worker, form = self._form(shape)
         data = shape.data
-        if data is not self._prepared:
+        if self._prepared() is not data:
             self.prepare(data)
         values = piece.given
         refs: list[str] = []
