@@ -524,9 +524,7 @@ class Learning(Node):
             carried = value[KEY]
             back = int(carried[2]) if len(carried) > 2 else 0
             closes = bool(carried[1])
-            signal = _inside(value)
-            if signal is not None and ctx.device is not None:
-                signal = signal.to(ctx.device)
+            signal = gradient(value, ctx.device)
             health = list(value.get(HEALTH, ()))  # what trainers below this one said
         else:
             back, closes, signal = behind(value), closing(value), gradient(value, ctx.device)

@@ -261,13 +261,11 @@ class StagedDriver:
         for k, (stage, (walk, _)) in enumerate(zip(self.stages, self._walks())):
             if not stage.outside:  # the first stage: handed the input alone
                 leaves, values = _NOTHING, ()
-            elif stage.narrowing:
-                leaves = {p: _fresh(produced[p]) for p in stage.outside}
-                values = [Opaque(narrowed(leaf, dtype))
-                          for leaf, dtype in zip(leaves.values(), stage.narrows)]
             else:
                 leaves = {p: _fresh(produced[p]) for p in stage.outside}
-                values = [Opaque(leaf) for leaf in leaves.values()]
+                values = ([Opaque(narrowed(leaf, dtype))
+                           for leaf, dtype in zip(leaves.values(), stage.narrows)]
+                          if stage.narrowing else [Opaque(leaf) for leaf in leaves.values()])
             answer = walk.run(one, x, values, broker, store if k == 0 else None, later)
             if later:
                 numbers.append(pipe.forwarded(k))

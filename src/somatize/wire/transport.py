@@ -26,7 +26,8 @@ from .._slices import Outcome
 from .catalog import MODES, pack_nodes, unpack_values
 from .protocol import Limits
 
-__all__ = ["FORMS", "Form", "Link", "Pending", "Place", "RemoteTraceback", "Request", "Staged", "Tenancy",
+__all__ = ["FORMS", "Form", "Link", "Pending", "Place", "RemoteTraceback", "Request", "Staged",
+           "Tenancy",
            "catalog_refused", "checked_deadline", "checked_mode", "checked_timeout",
            "outcome_of", "state_lost"]
 
@@ -81,7 +82,7 @@ class Tenancy:
 FORMS = 1024
 
 
-@dataclass(eq=False)  # compared and hashed by identity: a link keys what it said on it
+@dataclass(eq=False)  # one per session and shape: two alike are still two forms
 class Form:
     """What a slice's request says that is the same every time its shape is sent:
     which session, host and nodes, what is wanted back, whether it walks its nodes
