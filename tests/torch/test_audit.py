@@ -604,6 +604,67 @@ def test_a_large_tensors_weights_are_read_off_a_sample_within_a_few_percent(monk
         assert sampled["act_mean"] == exact["act_mean"]  # only the weights are sampled
 
 
+class Mixed(Node):
+    """Weights of two dtypes, and more of them than one row of the Audit's buffer holds
+    when nothing is sampled: the buffers' layout read back tensor by tensor."""
+
+    def __init__(self):
+        self.layer = torch.nn.Linear(8, 700)  # 5,600 weights: two rows of 4,096
+        self.out = torch.nn.Linear(700, 1).double()
+
+    def forward(self, x, ctx):
+        return Opaque(self.out(torch.relu(self.layer(x)).double()).float())
+
+    def parameters(self):
+        return [*self.layer.parameters(), *self.out.parameters()]
+
+
+def weights_said(node, before):
+    after = [p.detach().clone() for p in node.parameters()]
+    square = lambda ts: sum(t.double().norm().item() ** 2 for t in ts)  # noqa: E731
+    step = square(a - b for a, b in zip(after, before))
+    return {"weight_norm": math.sqrt(square(after)), "update_norm": math.sqrt(step),
+            "update_ratio": math.sqrt(step / square(before))}
+
+
+@pytest.mark.parametrize("sampled", [None, 8192])
+def test_weights_of_every_dtype_and_size_are_what_plain_torch_computes(monkeypatch, sampled):
+    # None: rows of 4,096, which the largest tensor spans two of; 8,192: nothing is
+    # sampled and every tensor is one row
+    monkeypatch.setattr(Audit, "sampled", sampled)
+    torch.manual_seed(3)
+    node = Mixed()
+    g = Graph.somatize(node.named("mixed"))
+    seen = []
+    trainer = Trainer(g, objective=F.mse_loss, optimizer=torch.optim.Adam(parameters(g), lr=1e-2),
+                      watching=seen.append, auditing=True)
+    for step, batch in enumerate(batches(3), 1):
+        before = [p.detach().clone() for p in node.parameters()]
+        trainer.step(batch)
+        said = health(seen, step=step, where="mixed")[0]
+        for name, value in weights_said(node, before).items():
+            assert said[name] == pytest.approx(value, rel=1e-5), (step, name)
+
+
+def test_weights_swapped_between_steps_are_read_where_they_now_are(monkeypatch):
+    monkeypatch.setattr(Audit, "sampled", None)  # every entry, so the numbers are exact
+    torch.manual_seed(4)
+    node = Mixed()
+    g = Graph.somatize(node.named("mixed"))
+    seen = []
+    trainer = Trainer(g, objective=F.mse_loss, optimizer=torch.optim.SGD(parameters(g), lr=0.1),
+                      watching=seen.append, auditing=True)
+    data = batches(2)
+    trainer.step(data[0])
+    for p in node.layer.parameters():  # the same Parameters over new storage, as .to() does
+        p.data = torch.randn_like(p)
+    before = [p.detach().clone() for p in node.parameters()]
+    trainer.step(data[1])
+    said = health(seen, step=2, where="mixed")[0]
+    for name, value in weights_said(node, before).items():
+        assert said[name] == pytest.approx(value, rel=1e-5), name
+
+
 def test_histograms_count_every_finite_value_between_their_edges():
     g, _, _ = graph(seed=2)
     trainer, seen = audited(g)

@@ -86,7 +86,7 @@ class Audit:
         #: How many measured steps have been read; every ``snapshot``-th keeps histograms.
         self.measured_steps = 0
         #: The watched weights as this step found them (``take_weights_before``); None before.
-        self.weights_before: dict[Any, list[torch.Tensor]] | None = None
+        self.weights_before: Any = None
         #: Where the tensors the watched places produce are kept, for ``probe``; None
         #: unless ``keep_outputs`` asked for it.
         self.kept_outputs: list[torch.Tensor] | None = None

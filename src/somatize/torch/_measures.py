@@ -327,9 +327,16 @@ class Held:
     each), and counts as many times as the entries it stands for: copying every weight
     and passing over it twice, each measured step, would cost a tenth of a step on a
     CPU, and a sample this size puts both numbers within a few percent of the whole.
-    The tensors of one device are copied, subtracted and measured each in one
-    ``_foreach`` call, so a step costs a handful of operations per device however many
-    tensors there are.
+
+    What is read of the tensors of one device and dtype lies in one buffer (``_Rows``),
+    in rows as long as the sample: a sampled tensor's runs fill one row, a smaller
+    tensor fills one padded with zeros, and with ``sampled=None`` a large tensor spans
+    as many rows as it needs. The buffer holds three sets of those rows: the weights
+    now, as the step found them, and their difference. So a step costs one read per
+    tensor (a gather or a copy into its row), one subtraction and one reduction per
+    buffer, however many tensors there are, where a norm per tensor and per quantity
+    cost a call each. That is three rows of 4,096 entries per watched tensor, held
+    between steps; with ``sampled=None``, three copies of every watched weight.
     """
 
     def __init__(self, wheres: list[Place], sampled: int | None):
@@ -338,22 +345,16 @@ class Held:
         self.params = params
         self.sampled = sampled
         self.index = [self._index(p) for p in params]
-        self.views: list[torch.Tensor | None] = [None] * len(params)
+        # a row holds a sampled tensor's runs, or up to as many entries of one read whole
+        self.width = max(_RUN, sampled // _RUN * _RUN) if sampled else 4096
         self.scale = [p.numel() / (p.numel() if i is None else i.numel() * _RUN)
                       for p, i in zip(params, self.index)]
         self.trained = [p.requires_grad for p in params]
         self.mine = [list(dict.fromkeys(at[id(p)] for p in where.params)) for where in wheres]
-        self.devices: dict[Any, list[int]] = {}  # the tensors on each device
-        for k, p in enumerate(params):
-            self.devices.setdefault(p.device, []).append(k)
-        # where each tensor's norms are among its device's: (device, column, columns)
-        self.column = [None] * len(params)
-        for device, ks in self.devices.items():
-            for column, k in enumerate(ks):
-                self.column[k] = (device, column, len(ks))
-        # per device, which of its reads are views (not copies) and the buffers they
-        # are copied into at the start of a step: made once, again when a view is
-        self.copying: dict[Any, tuple[list[int], list[torch.Tensor]]] = {}
+        self.buffers: list[_Rows] = []
+        self.at: list[tuple[int, int] | None] = []  # each tensor's buffer and column
+        self.storage: list[int] = []  # each tensor's storage when the buffers were made
+        self._lay_out()
 
     def _index(self, p: torch.Tensor) -> torch.Tensor | None:
         """Which runs of ``_RUN`` entries stand for ``p`` (None: all of it)."""
@@ -361,75 +362,73 @@ class Held:
             return None
         generator = torch.Generator().manual_seed(p.numel())
         runs = torch.randperm(p.numel() // _RUN, generator=generator)
-        return runs[:max(1, self.sampled // _RUN)].sort().values.to(p.device)
+        return runs[:max(1, self.sampled // _RUN)].sort().values
 
-    def _read(self, k: int) -> torch.Tensor:
-        """What stands for tensor ``k``: a flat view of it, or its sampled runs (a copy).
-        The views are kept between steps, and made again if the tensor's storage was
-        swapped (``module.to(...)``, a ``load_state_dict`` that assigns)."""
-        p, view = self.params[k], self.views[k]
-        if view is None or view.data_ptr() != p.data_ptr():  # another device is another storage
-            flat = p.detach().reshape(-1)
-            index = self.index[k]
-            if index is not None:
-                index = self.index[k] = index.to(p.device)
-                flat = flat[:flat.shape[0] - flat.shape[0] % _RUN].view(-1, _RUN)
-            view = self.views[k] = flat
-            self.copying.clear()
-        index = self.index[k]
-        return view if index is None else view.index_select(0, index)  # norms need no flat copy
+    def _lay_out(self) -> None:
+        """A buffer per device and dtype, for the tensors as they are now. Made again
+        when a tensor's storage is swapped (``module.to(...)``, a ``load_state_dict``
+        that assigns), since what is read is a view of it."""
+        self.storage = [p.data_ptr() for p in self.params]
+        kinds: dict[Any, list[int]] = {}
+        for k, p in enumerate(self.params):
+            if p.numel():  # an empty tensor adds nothing to any norm
+                kinds.setdefault((p.device, p.dtype), []).append(k)
+        self.buffers, self.at = [], [None] * len(self.params)
+        for which, ((device, dtype), ks) in enumerate(kinds.items()):
+            for column, k in enumerate(ks):
+                self.at[k] = (which, column)
+            self.buffers.append(_Rows(self.params, self.index, ks, self.width, device, dtype))
 
-    def taken(self) -> dict[Any, list[torch.Tensor]]:
-        """Everything read, as it is now: a copy of each, per device (made in one call),
-        for after the update. Empty if a tensor moved to another device since the
-        Audit was made (no ratio for that step; ``watch`` again to follow it)."""
-        out = {}
-        for device, ks in self.devices.items():
-            reads = [self._read(k) for k in ks]
-            if any(read.device != device for read in reads):
-                return {}
-            copying = self.copying.get(device)
-            if copying is None:  # a sampled read is a copy already; a view is not
-                at = [i for i, k in enumerate(ks) if self.index[k] is None]
-                copying = self.copying[device] = (at, [torch.empty_like(reads[i]) for i in at])
-            at, buffers = copying
-            if at:
-                torch._foreach_copy_(buffers, [reads[i] for i in at])
-                for i, buffer in zip(at, buffers):
-                    reads[i] = buffer
-            out[device] = reads
-        return out
+    def _current(self) -> bool:
+        """Whether the buffers still fit the tensors; they are made again if not."""
+        if [p.data_ptr() for p in self.params] == self.storage:
+            return True
+        self._lay_out()
+        return False
 
-    def measured(self, sink: Sink, before: dict[Any, torch.Tensor] | None) -> Any:
+    def taken(self) -> list[_Rows]:
+        """Reads the weights as they are now into each buffer's "before" rows, for after
+        the update, and answers those buffers: if they are made again before
+        ``measured`` (a tensor moved meanwhile), that step says no ratio."""
+        self._current()
+        for buffer in self.buffers:
+            buffer.fill(_BEFORE)
+        return self.buffers
+
+    def measured(self, sink: Sink, before: list[_Rows] | None) -> Any:
         """Puts, per tensor, its squared norm now, before and of its change in the
         sink; answers, per where (by position), its numbers."""
         if not self.params:
             return lambda at: {}
-        handles = {}
-        for device, ks in self.devices.items():
-            now = [self._read(k) for k in ks]
-            was = None if before is None else before.get(device)
-            parts = now if was is None else [*now, *was, *torch._foreach_sub(now, was)]
-            handles[device] = sink.add(list(torch._foreach_norm(parts)))  # one call for them all
-        moved = before is not None
-        got: dict[Any, list[float]] = {}  # each device's numbers, read once
+        updated = self._current() and before is self.buffers
+        handles = []
+        for buffer in self.buffers:
+            buffer.fill(_NOW)
+            if updated:
+                torch.sub(buffer.now, buffer.before, out=buffer.step)
+            handles.append((sink.add_vector(buffer.squares()), len(buffer.ks),
+                            buffer.ends is not None))
+        got: list[list[float]] = []  # each buffer's numbers, read once
 
         def read(at: int) -> dict[str, Any]:
             mine = self.mine[at]
             if not mine:
                 return {}
             if not got:
-                got.update((device, sink.get(handle)) for device, handle in handles.items())
+                got.extend(sink.get(handle) for handle, _, _ in handles)
             now = old = step = 0.0
             changing = False
             for k in mine:
-                device, column, columns = self.column[k]
-                values, scale = got[device], self.scale[k]
-                now += scale * values[column] ** 2
-                if moved and self.trained[k] and len(values) == 3 * columns:
+                where = self.at[k]
+                if where is None:
+                    continue
+                values, (_, columns, running) = got[where[0]], handles[where[0]]
+                column, scale = where[1], self.scale[k]
+                now += scale * _segment(values, _NOW * columns, column, running)
+                if updated and self.trained[k]:
                     changing = True
-                    old += scale * values[columns + column] ** 2
-                    step += scale * values[2 * columns + column] ** 2
+                    old += scale * _segment(values, _BEFORE * columns, column, running)
+                    step += scale * _segment(values, _STEP * columns, column, running)
             out = {"weight_norm": math.sqrt(now)}
             if changing:
                 out["update_ratio"] = math.sqrt(step / old) if old > 0 else \
@@ -437,6 +436,76 @@ class Held:
                 out["update_norm"] = math.sqrt(step)
             return out
         return read
+
+
+_NOW, _BEFORE, _STEP = 0, 1, 2  # the three sets of rows of a buffer
+
+
+def _segment(values: list[float], start: int, column: int, running: bool) -> float:
+    """A tensor's sum of squares, out of what ``_Rows.squares`` read."""
+    at = start + column
+    return values[at] - (values[at - 1] if running and column else 0.0)
+
+
+class _Rows:
+    """One buffer of ``Held``: what is read of the tensors of one device and dtype, in
+    rows of ``width`` entries, three times over (now, before, the change). With the
+    default sample every tensor fills one row (its 64 runs, or all of it padded with
+    zeros), so a row's norm is its tensor's; a tensor of more spans several rows."""
+
+    def __init__(self, params: list[torch.Tensor], index: list[torch.Tensor | None],
+                 ks: list[int], width: int, device: Any, dtype: Any):
+        self.ks = ks
+        gathers: list[tuple[torch.Tensor, torch.Tensor, int, int]] = []
+        wholes: list[tuple[torch.Tensor, int]] = []
+        ends, row = [], 0
+        for k in ks:
+            flat = params[k].detach().reshape(-1)
+            runs = index[k]
+            if runs is None:
+                wholes.append((flat, row * width))
+                row += -(-flat.shape[0] // width)
+            else:
+                runs = index[k] = runs.to(device)
+                whole_runs = flat[:flat.shape[0] - flat.shape[0] % _RUN].view(-1, _RUN)
+                gathers.append((whole_runs, runs, row * width, runs.shape[0] * _RUN))
+                row += -(-runs.shape[0] * _RUN // width)
+            ends.append(row - 1)
+        self.rows = torch.zeros(3, row, width, device=device, dtype=dtype)
+        self.now, self.before, self.step = self.rows.unbind(0)
+        # what each fill does, made once: a gather of a sampled tensor's runs into its
+        # place, one copy of the tensors read whole into theirs
+        self.fills = {}
+        for which in (_NOW, _BEFORE):
+            flat = self.rows[which].view(-1)
+            self.fills[which] = (
+                [(whole_runs, runs, flat[at:at + size].view(-1, _RUN))
+                 for whole_runs, runs, at, size in gathers],
+                [flat[at:at + source.shape[0]] for source, at in wholes],
+                [source for source, _ in wholes])
+        self.ends = None if len(ends) == row else torch.tensor(ends, device=device)
+        # norms of the rows in at least single precision (a complex tensor's are real
+        # already); their running sums in double, which an MPS device does not have
+        self.wide = None if not dtype.is_floating_point else \
+            torch.float64 if dtype == torch.float64 else torch.float32
+        self.sums = torch.float32 if device.type == "mps" else torch.float64
+
+    def fill(self, which: int) -> None:
+        """Reads every tensor into the rows of ``which``."""
+        gathers, into, sources = self.fills[which]
+        for whole_runs, runs, out in gathers:
+            torch.index_select(whole_runs, 0, runs, out=out)
+        if sources:
+            torch._foreach_copy_(into, sources)
+
+    def squares(self) -> torch.Tensor:
+        """Each tensor's sum of squares now, before and of the change: one norm per row
+        for every tensor at once, and where a tensor spans rows, running sums over them
+        (a tensor's own is then the difference from the one before it)."""
+        per_row = torch.linalg.vector_norm(self.rows, dim=-1, dtype=self.wide).square_()
+        if self.ends is None:
+            return per_row.reshape(-1)
+        return per_row.cumsum(-1, dtype=self.sums).index_select(-1, self.ends).reshape(-1)
 
 
 def _histogram(pieces: list[torch.Tensor]) -> torch.Tensor:
