@@ -21,6 +21,12 @@ that echoes it with one ``recv`` and one ``sendall`` — the floor of any messag
 
     python benchmarks/instructions.py            # 200 steps; --steps N for more
     python benchmarks/instructions.py --message  # one message, beside the raw echo
+    python benchmarks/instructions.py --audit    # an audited step, beside an unaudited one
+
+With ``--audit``, ``audit.py``'s MLP (256 -> 512 -> 512 -> 10, batch 128) trained by a
+Trainer audited at every step, beside the same Trainer unaudited: what the Audit adds
+per step, on a clock that does not move. Ten steps by default, none of which keeps a
+histogram; ``--steps 50`` counts one that does, as one step in 50 does in a real run.
 
 Needs valgrind (``apt-get install valgrind``); without it, says so and stops.
 """
@@ -35,10 +41,13 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-STEPS = int(sys.argv[sys.argv.index("--steps") + 1]) if "--steps" in sys.argv else 200
+# an MLP step under callgrind takes seconds: fewer of them for --audit
+STEPS = int(sys.argv[sys.argv.index("--steps") + 1]) if "--steps" in sys.argv else \
+    10 if "--audit" in sys.argv else 200
 SIZE = sys.argv[sys.argv.index("--size") + 1] if "--size" in sys.argv else "tiny"
 MESSAGE = "--message" in sys.argv
-WARM = 30
+AUDIT = "--audit" in sys.argv
+WARM = 3 if "--audit" in sys.argv else 30
 
 
 def callgrind(out: str) -> list[str]:
@@ -88,6 +97,8 @@ def inside(which: str, folder: str) -> None:
     far_out = os.path.join(folder, "far.%p")
     if which in ("forward", "echo"):
         step, far, close = _message(which, far_out)
+    elif which in ("audited", "unaudited"):
+        step, far, close = _audited(which == "audited")
     elif which == "ours":
         from somatize import Broker, Worker
         from somatize.torch import Split, Trainer, parameters
@@ -113,13 +124,36 @@ def inside(which: str, folder: str) -> None:
         finally:
             split.subprocess.Popen = popen
         step, far, close = plain.step, plain.proc.pid, plain.close
+    watched = [os.getpid()] + ([] if far is None else [far])
     for k in range(WARM):
         step(data[k % len(data)])
-    counting(True, os.getpid(), far)
+    counting(True, *watched)
     for k in range(STEPS):
         step(data[k % len(data)])
-    counting(False, os.getpid(), far)
+    counting(False, *watched)
     close()
+
+
+def _audited(on: bool) -> tuple:
+    """audit.py's Trainer, audited at every step or not; its step takes batches of its
+    own (the MLP's), whatever it is handed."""
+    import itertools
+
+    import torch
+
+    import audit
+    from somatize.torch._audit import Audit
+
+    trainer, said = audit.trainer(256, 512, 10, Audit(every=1) if on else None)
+    generator = torch.Generator().manual_seed(1)
+    batches = itertools.cycle([(torch.randn(128, 256, generator=generator),
+                                torch.randint(0, 10, (128,), generator=generator))
+                               for _ in range(10)])
+
+    def step(_):
+        said.clear()
+        trainer.step(next(batches))
+    return step, None, lambda: None
 
 
 def _message(which: str, far_out: str) -> tuple:
@@ -158,8 +192,8 @@ def measured(which: str) -> tuple[float, float]:
                         "--inside", which, folder, "--steps", str(STEPS), "--size", SIZE],
                        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                        timeout=1800)
-        return (_counted(os.path.join(folder, "near.*")) / STEPS,
-                _counted(os.path.join(folder, "far.*")) / STEPS)
+        far = 0 if which in ("audited", "unaudited") else _counted(os.path.join(folder, "far.*"))
+        return _counted(os.path.join(folder, "near.*")) / STEPS, far / STEPS
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -183,6 +217,13 @@ def main() -> None:
         return inside(sys.argv[at + 1], sys.argv[at + 2])
     if not (shutil.which("valgrind") and shutil.which("callgrind_control")):
         print("needs valgrind (apt-get install valgrind): nothing measured")
+        return
+    if AUDIT:
+        ours, plain = measured("audited"), measured("unaudited")
+        print(f"an audited step (audit.py's MLP), instructions per step in user space "
+              f"(callgrind, {STEPS} after {WARM})")
+        print(f"audited {ours[0]:,.0f}   unaudited {plain[0]:,.0f}   "
+              f"{ours[0] / plain[0]:.3f}x   the Audit adds {ours[0] - plain[0]:,.0f} per step")
         return
     if MESSAGE:
         ours, plain = measured("forward"), measured("echo")

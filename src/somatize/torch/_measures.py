@@ -352,7 +352,7 @@ class Held:
         self.trained = [p.requires_grad for p in params]
         self.mine = [list(dict.fromkeys(at[id(p)] for p in where.params)) for where in wheres]
         self.buffers: list[_Rows] = []
-        self.at: list[tuple[int, int] | None] = []  # each tensor's buffer and column
+        self.placed: list[tuple[int, int] | None] = []  # each tensor's buffer and column
         self.storage: list[int] = []  # each tensor's storage when the buffers were made
         self._lay_out()
 
@@ -373,10 +373,10 @@ class Held:
         for k, p in enumerate(self.params):
             if p.numel():  # an empty tensor adds nothing to any norm
                 kinds.setdefault((p.device, p.dtype), []).append(k)
-        self.buffers, self.at = [], [None] * len(self.params)
+        self.buffers, self.placed = [], [None] * len(self.params)
         for which, ((device, dtype), ks) in enumerate(kinds.items()):
             for column, k in enumerate(ks):
-                self.at[k] = (which, column)
+                self.placed[k] = (which, column)
             self.buffers.append(_Rows(self.params, self.index, ks, self.width, device, dtype))
 
     def _current(self) -> bool:
@@ -419,11 +419,12 @@ class Held:
             now = old = step = 0.0
             changing = False
             for k in mine:
-                where = self.at[k]
-                if where is None:
+                placed = self.placed[k]
+                if placed is None:
                     continue
-                values, (_, columns, running) = got[where[0]], handles[where[0]]
-                column, scale = where[1], self.scale[k]
+                which, column = placed
+                values, (_, columns, running) = got[which], handles[which]
+                scale = self.scale[k]
                 now += scale * _segment(values, _NOW * columns, column, running)
                 if updated and self.trained[k]:
                     changing = True
