@@ -14,6 +14,15 @@ machine shared with other work disturbs less (whatever else runs there is not bi
 to whichever contender it happened to interrupt).
 
     python benchmarks/audit.py
+    python benchmarks/audit.py --steady-malloc
+
+On a CPU, glibc's malloc gives memory back to the system and takes it again as its
+thresholds move with what was freed last; a step of this net can then fault in about
+2 MB of fresh pages (some 480 faults, over a millisecond here) or none, depending on
+the allocations before it, whichever contender it belongs to. ``--steady-malloc`` runs
+the same comparison with glibc's thresholds fixed (``MALLOC_MMAP_THRESHOLD_`` 64 MiB,
+``MALLOC_TRIM_THRESHOLD_`` 128 MiB) for every contender alike: no page faults per step,
+so what is compared is the work of each, and it prints the faults per step it saw.
 
 Targets (issue 9), on an MLP 256 -> 512 -> 512 -> 10 at batch 128: at most 1.10x
 audited every step, at most 1.02x every 16 steps. The anchor is Cockpit (Schneider et
@@ -34,7 +43,10 @@ that belongs to the job, not to the Audit.
 from __future__ import annotations
 
 import functools
+import os
+import resource
 import statistics
+import sys
 from typing import Any
 
 import torch
@@ -191,6 +203,7 @@ def case(inputs: int, width: int, outputs: int, rows: int) -> dict[str, tuple[fl
         def step(batch):
             said.clear()
             t.step(batch)
+            STEPPED[0] += 1
         return step
 
     steps = {name: stepper(name) for name in made}
@@ -207,10 +220,20 @@ def case(inputs: int, width: int, outputs: int, rows: int) -> dict[str, tuple[fl
             for name, ts in times.items()}
 
 
+STEPPED = [0]  # steps taken, by every contender, for the faults per step
+STEADY = {"MALLOC_MMAP_THRESHOLD_": str(64 << 20), "MALLOC_TRIM_THRESHOLD_": str(128 << 20)}
+
+
 def main() -> None:
+    if "--steady-malloc" in sys.argv and any(os.environ.get(k) != v for k, v in STEADY.items()):
+        # glibc reads these when a process starts: start this one again with them
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **STEADY})
     torch.set_num_threads(1)
+    steady = "--steady-malloc" in sys.argv
     print(f"audit overhead, median over {BLOCKS} interleaved blocks, one thread, "
-          f"torch {torch.__version__}")
+          f"torch {torch.__version__}, glibc malloc "
+          f"{'thresholds fixed (--steady-malloc)' if steady else 'as it comes'}")
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     for label, shape, targets in (("MLP 256-512-512-10, batch 128", (256, 512, 10, 128),
                                    {"every step": 1.10, "every 16": 1.02}),
                                   ("tiny 8-16-1, batch 16", (8, 16, 1, 16), {})):
@@ -235,6 +258,8 @@ def main() -> None:
                 floor = measured["one sum, every step"][1] - cpu
                 line += f", one sum of each watched value {floor * 1e6:.0f} us"
             print(line)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+    print(f"\npage faults per step, every contender: {faults / STEPPED[0]:.1f}")
 
 
 if __name__ == "__main__":
