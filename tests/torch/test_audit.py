@@ -619,12 +619,16 @@ class Mixed(Node):
         return [*self.layer.parameters(), *self.out.parameters()]
 
 
+def squared(tensors):
+    return sum(t.double().norm().item() ** 2 for t in tensors)
+
+
 def weights_said(node, before):
+    """What plain torch says of ``node``'s weights now, against ``before``."""
     after = [p.detach().clone() for p in node.parameters()]
-    square = lambda ts: sum(t.double().norm().item() ** 2 for t in ts)  # noqa: E731
-    step = square(a - b for a, b in zip(after, before))
-    return {"weight_norm": math.sqrt(square(after)), "update_norm": math.sqrt(step),
-            "update_ratio": math.sqrt(step / square(before))}
+    step = squared(a - b for a, b in zip(after, before))
+    return {"weight_norm": math.sqrt(squared(after)), "update_norm": math.sqrt(step),
+            "update_ratio": math.sqrt(step / squared(before))}
 
 
 @pytest.mark.parametrize("sampled", [None, 8192])
