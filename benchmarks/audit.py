@@ -37,7 +37,11 @@ histograms every 50th measured step) written with plain torch hooks the obvious 
 It is what the Audit's care saves over writing it by hand. Beside it, ``OnePass``:
 one sum of each watched output and gradient, read back once a step, the least that
 looks at every value the diagnosis reads (and says nothing): the part of the cost
-that belongs to the job, not to the Audit.
+that belongs to the job, not to the Audit. Between the two, ``Kernels``: the very
+reductions the Audit runs (its mean, distance and zero count of each output, its sums
+of each gradient, its sampled weights), bare, read back once a step: the Audit less
+this is the cost of its own machinery, and this less one sum is what reading each
+value more than once costs.
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ import torch.nn.functional as F
 from somatize import Graph, Node, Opaque
 from somatize.torch import Trainer, parameters
 from somatize.torch._audit import Audit
+from somatize.torch._measures import Held, Sink
 
 from _bench import block, steps_per_second
 
@@ -172,6 +177,60 @@ class OnePass(ByHand):
         self.step += 1
 
 
+class Kernels(ByHand):
+    """The reductions an Audit runs, run bare: per output its mean, its distance from
+    the mean and its count of values not zero (with the CPU's one read-back that
+    spares counting non-finite values); per gradient its sum and sum of squares (the
+    same); the weights before and after through the Audit's own sampled buffer
+    (``Held``); everything read back once a step. No facts, no pooling, no checks, no
+    histograms: what the Audit's numbers cost with none of its bookkeeping, so the
+    Audit less this is what its own machinery costs."""
+
+    def __init__(self, modules: dict[str, torch.nn.Module], optimizer: Any, said: list,
+                 every: int, snapshot: int = 50):
+        super().__init__(modules, optimizer, said, every, snapshot)
+        self.held = Held([_Watched(list(m.parameters())) for m in modules.values()],
+                         Audit.sampled)
+        self.parts: list[torch.Tensor] = []
+        self.taken: Any = None
+
+    def forward(self, name: str, module: Any, args: Any, out: torch.Tensor) -> None:
+        if self._on():
+            flat = out.detach().reshape(-1)
+            mean, sign = flat.mean(), flat.sign()
+            self.parts += [mean, torch.dist(flat, mean), torch.dot(sign, sign)]
+            mean.item()
+            out.register_hook(self.gradient_of)
+
+    def gradient_of(self, g: torch.Tensor) -> None:
+        flat = g.reshape(-1)
+        total = flat.sum()
+        self.parts += [total, torch.dot(flat, flat)]
+        total.item()
+
+    def before(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self._on():
+            self.taken = self.held.taken()
+
+    def after(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self._on() and self.parts:
+            sink = Sink()
+            sink.add(self.parts)
+            weights = self.held.measured(sink, self.taken)
+            sink.read()
+            self.said.append({"fact": "kernels", "step": self.step,
+                              "weights": [weights(at) for at in range(len(self.modules))]})
+            self.parts = []
+        self.step += 1
+
+
+class _Watched:
+    """What ``Held`` reads of a place: its parameters."""
+
+    def __init__(self, params: list[torch.Tensor]):
+        self.params = params
+
+
 def trainer(inputs: int, width: int, outputs: int, auditing: Any,
             by_hand: type[ByHand] | None = None, every: int = 1) -> tuple[Trainer, list]:
     torch.manual_seed(0)
@@ -190,7 +249,8 @@ def case(inputs: int, width: int, outputs: int, rows: int) -> dict[str, tuple[fl
     contenders = {"unaudited": (None, None, 1), "every step": (Audit(every=1), None, 1),
                   "every 16": (Audit(every=16), None, 16),
                   "by hand, every step": (None, ByHand, 1), "by hand, every 16": (None, ByHand, 16),
-                  "one sum, every step": (None, OnePass, 1), "control": (None, None, 1)}
+                  "one sum, every step": (None, OnePass, 1),
+                  "kernels, every step": (None, Kernels, 1), "control": (None, None, 1)}
     made = {name: trainer(inputs, width, outputs, *how) for name, how in contenders.items()}
     generator = torch.Generator().manual_seed(1)
     target = (lambda: torch.randint(0, outputs, (rows,), generator=generator)) if outputs > 1 \
@@ -241,13 +301,14 @@ def main() -> None:
         wall, cpu = measured["unaudited"]
         print(f"\n{label}: unaudited {wall * 1e3:.3f} ms/step (CPU {cpu * 1e3:.3f})")
         print(f"  {'':19} {'wall ms':>8} {'ratio':>7}   {'CPU ms':>8} {'ratio':>7}")
-        for name in ("every step", "by hand, every step", "one sum, every step", "every 16",
-                     "by hand, every 16", "control"):
+        for name in ("every step", "by hand, every step", "kernels, every step",
+                     "one sum, every step", "every 16", "by hand, every 16", "control"):
             w, c = measured[name]
             target = f"target <= {targets[name]:.2f}x" if name in targets else ""
             anchor = f"Cockpit cheapest ~{COCKPIT[name]:.1f}x" if name in COCKPIT else \
                 "noise floor" if name == "control" else "each value read once" \
-                if name.startswith("one sum") else "plain torch hooks, same numbers"
+                if name.startswith("one sum") else "the Audit's reductions, bare" \
+                if name.startswith("kernels") else "plain torch hooks, same numbers"
             print(f"  {name:19} {w * 1e3:8.3f} {w / wall:6.3f}x   {c * 1e3:8.3f} {c / cpu:6.3f}x   "
                   f"{target:16} ({anchor})")
         for every in ("every step", "every 16"):
@@ -255,8 +316,10 @@ def main() -> None:
             line = (f"  added CPU per step, {every}: Audit {ours * 1e6:.0f} us, "
                     f"by hand {plain * 1e6:.0f} us")
             if every == "every step":
+                bare = measured["kernels, every step"][1] - cpu
                 floor = measured["one sum, every step"][1] - cpu
-                line += f", one sum of each watched value {floor * 1e6:.0f} us"
+                line += (f", its reductions bare {bare * 1e6:.0f} us, one sum of each watched "
+                         f"value {floor * 1e6:.0f} us")
             print(line)
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
     print(f"\npage faults per step, every contender: {faults / STEPPED[0]:.1f}")

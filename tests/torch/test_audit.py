@@ -733,3 +733,23 @@ def test_the_benchmarks_by_hand_anchor_says_what_the_audit_says(benchmark_file):
             # weight is read whole on both sides, so every number agrees closely
             assert mine[key] == pytest.approx(theirs[key], rel=1e-4, abs=1e-9), (mine["where"], key)
         assert mine["nonfinite"] == theirs["nonfinite"] == 0
+
+
+def test_the_benchmarks_bare_reductions_read_the_weights_the_audit_reads(benchmark_file):
+    """audit.py's ``Kernels`` stands for the Audit's reductions without its machinery;
+    it is that only if it reads the same weights, step after step."""
+    bench = benchmark_file("audit")
+    ours, said = bench.trainer(32, 64, 5, Audit(every=1))
+    bare, told = bench.trainer(32, 64, 5, None, bench.Kernels, 1)
+    generator = torch.Generator().manual_seed(3)
+    for _ in range(3):
+        batch = (torch.randn(16, 32, generator=generator),
+                 torch.randint(0, 5, (16,), generator=generator))
+        ours.step(batch)
+        bare.step(batch)
+    audited = [f for f in said if f["fact"] == "health"]
+    read = [weights for f in told if f["fact"] == "kernels" for weights in f["weights"]]
+    assert len(audited) == len(read) == 6
+    for mine, theirs in zip(audited, read):
+        for key in ("weight_norm", "update_norm", "update_ratio"):
+            assert mine[key] == theirs[key], (mine["where"], key)
