@@ -47,7 +47,7 @@ STEPS = int(sys.argv[sys.argv.index("--steps") + 1]) if "--steps" in sys.argv el
 SIZE = sys.argv[sys.argv.index("--size") + 1] if "--size" in sys.argv else "tiny"
 MESSAGE = "--message" in sys.argv
 AUDIT = "--audit" in sys.argv
-WARM = 3 if "--audit" in sys.argv else 30
+WARM = 3 if AUDIT else 30
 
 
 def callgrind(out: str) -> list[str]:
@@ -189,7 +189,8 @@ def measured(which: str) -> tuple[float, float]:
     folder = tempfile.mkdtemp(prefix=f"somatize-instructions-{which}-")
     try:
         subprocess.run([*callgrind(os.path.join(folder, "near.%p")), sys.executable, __file__,
-                        "--inside", which, folder, "--steps", str(STEPS), "--size", SIZE],
+                        "--inside", which, folder, "--steps", str(STEPS), "--size", SIZE,
+                        *(["--audit"] if AUDIT else [])],
                        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                        timeout=1800)
         far = 0 if which in ("audited", "unaudited") else _counted(os.path.join(folder, "far.*"))
