@@ -710,19 +710,25 @@ def test_on_a_gpu_a_measured_step_syncs_with_the_host_once_more_than_any_other()
 
 
 # -- the anchor of benchmarks/audit.py ------------------------------------------------------
-def test_the_benchmarks_by_hand_anchor_says_what_the_audit_says(benchmark_file):
-    """benchmarks/audit.py compares the Audit's cost with the same numbers written in
-    plain torch hooks; that comparison means something only if they are the same
-    numbers, step after step."""
-    bench = benchmark_file("audit")
+def audited_beside(bench, contender):
+    """Three steps of audit.py's Trainer audited, and of the same Trainer beside it with
+    the benchmark's ``contender`` hooks instead: what each said."""
     ours, said = bench.trainer(32, 64, 5, Audit(every=1))
-    plain, told = bench.trainer(32, 64, 5, None, bench.ByHand, 1)
+    theirs, told = bench.trainer(32, 64, 5, None, getattr(bench, contender), 1)
     generator = torch.Generator().manual_seed(3)
     for _ in range(3):
         batch = (torch.randn(16, 32, generator=generator),
                  torch.randint(0, 5, (16,), generator=generator))
         ours.step(batch)
-        plain.step(batch)
+        theirs.step(batch)
+    return said, told
+
+
+def test_the_benchmarks_by_hand_anchor_says_what_the_audit_says(benchmark_file):
+    """benchmarks/audit.py compares the Audit's cost with the same numbers written in
+    plain torch hooks; that comparison means something only if they are the same
+    numbers, step after step."""
+    said, told = audited_beside(benchmark_file("audit"), "ByHand")
     a = [f for f in said if f["fact"] == "health"]
     b = [f for f in told if f["fact"] == "health"]
     assert [f["where"] for f in a] == [f["where"] for f in b] == ["body", "head"] * 3
@@ -738,15 +744,7 @@ def test_the_benchmarks_by_hand_anchor_says_what_the_audit_says(benchmark_file):
 def test_the_benchmarks_bare_reductions_read_the_weights_the_audit_reads(benchmark_file):
     """audit.py's ``Kernels`` stands for the Audit's reductions without its machinery;
     it is that only if it reads the same weights, step after step."""
-    bench = benchmark_file("audit")
-    ours, said = bench.trainer(32, 64, 5, Audit(every=1))
-    bare, told = bench.trainer(32, 64, 5, None, bench.Kernels, 1)
-    generator = torch.Generator().manual_seed(3)
-    for _ in range(3):
-        batch = (torch.randn(16, 32, generator=generator),
-                 torch.randint(0, 5, (16,), generator=generator))
-        ours.step(batch)
-        bare.step(batch)
+    said, told = audited_beside(benchmark_file("audit"), "Kernels")
     audited = [f for f in said if f["fact"] == "health"]
     read = [weights for f in told if f["fact"] == "kernels" for weights in f["weights"]]
     assert len(audited) == len(read) == 6
