@@ -159,9 +159,11 @@ def behind(value: Any) -> int:
     """How many forwards ran after the one an envelope (or a map of them) is for."""
     if type(value) is not dict:
         return 0
-    found = [value] if KEY in value else [v for v in value.values() if is_envelope(v)]
-    for one in found:
-        if len(one[KEY]) > 2:
+    if KEY in value:  # one envelope, the common case: read at once
+        carried = value[KEY]
+        return int(carried[2]) if len(carried) > 2 else 0
+    for one in value.values():
+        if is_envelope(one) and len(one[KEY]) > 2:
             return int(one[KEY][2])
     return 0
 
@@ -520,15 +522,10 @@ class Learning(Node):
             owed.clear()
 
     def _learn_from(self, value: Any, ctx: Ctx) -> Any:
-        if KEY in value:  # one envelope, what a trainer of a chain is handed: read once
-            carried = value[KEY]
-            back = int(carried[2]) if len(carried) > 2 else 0
-            closes = bool(carried[1])
-            signal = gradient(value, ctx.device)
-            health = list(value.get(HEALTH, ()))  # what trainers below this one said
-        else:
-            back, closes, signal = behind(value), closing(value), gradient(value, ctx.device)
-            health = [f for v in value.values() for f in v.get(HEALTH, ())]
+        back, closes, signal = behind(value), closing(value), gradient(value, ctx.device)
+        # what trainers below this one said: one envelope (a chain's), or a map of them
+        health = list(value.get(HEALTH, ())) if KEY in value else \
+            [f for v in value.values() for f in v.get(HEALTH, ())]
         self._owed_to(back)
         self._closing = closes
         stepped = self._held is not None or signal is not None  # not update()'s message
