@@ -1,8 +1,13 @@
 """Frames into memory, against a real worker: what a peer announces costs the worker
-only the bytes that actually arrive, and what arrives in full is the same bytes."""
+only the bytes that actually arrive, and what arrives in full is the same bytes. And
+a channel's timeouts over a real connection: a silent peer, a peer that reads
+nothing, a deadline, and a patient reader."""
 
 import mmap
 import os
+import socket
+import sys
+import threading
 import time
 
 import pytest
@@ -10,7 +15,8 @@ from wire_helpers import TOKEN, authenticated, standing  # noqa: F401  (a fixtur
 from wire_nodes import Bigger, Echo
 
 from somatize import Graph, Worker
-from somatize.wire.protocol import PREFIX, encode
+from somatize.wire.channel import Channel
+from somatize.wire.protocol import PREFIX, Limits, encode
 
 GiB = 1 << 30
 
@@ -90,3 +96,68 @@ def test_an_answer_the_client_would_refuse_comes_back_as_an_error(standing):
             Graph.somatize(Bigger().at("w1")).forward(bytes(200_000), broker={"w1": w1})
         assert caught.value.host == "w1" and "limits=Limits(frame=" in str(caught.value)
         assert g.forward(b"small", broker={"w1": w1}) == b"small"
+
+
+# -- timeouts -----------------------------------------------------------------------
+@pytest.fixture
+def pair():
+    """Two ends of a real loopback TCP connection: a Channel's, and its peer's."""
+    server = socket.create_server(("127.0.0.1", 0))
+    near = socket.create_connection(server.getsockname())
+    far, _ = server.accept()
+    server.close()
+    yield near, far
+    near.close()
+    far.close()
+
+
+def test_a_peer_that_says_nothing_is_a_timeout_at_the_timeout(pair):
+    near, _ = pair
+    near.settimeout(0.3)
+    channel = Channel(near, Limits())
+    if sys.platform.startswith("linux"):  # the kernel holds it: no poll before each read
+        assert near.gettimeout() is None and near.getblocking()
+    began = time.monotonic()
+    with pytest.raises(TimeoutError):
+        channel.recv()
+    assert 0.25 < time.monotonic() - began < 3
+
+
+def test_a_peer_that_reads_nothing_stops_a_send_at_the_timeout(pair):
+    near, _ = pair
+    channel = Channel(near, Limits(frame=1 << 30))
+    channel.set_timeout(0.3)
+    began = time.monotonic()
+    with pytest.raises(TimeoutError):  # not an OSError that would say the peer is gone
+        channel.send("slice", {"f": bytes(16)}, [bytes(256 << 20)])
+    assert 0.25 < time.monotonic() - began < 5
+
+
+def test_a_deadline_bounds_a_read_in_total_however_the_bytes_trickle(pair):
+    near, far = pair
+    channel = Channel(near, Limits())
+    channel.set_timeout(5.0)
+    frame = b"".join(bytes(p) for p in encode("beat"))
+
+    def trickle():
+        for byte in frame[:-1]:  # never the whole frame, each byte well within the timeout
+            time.sleep(0.05)
+            try:
+                far.sendall(bytes([byte]))
+            except OSError:
+                return
+    threading.Thread(target=trickle, daemon=True).start()
+    began = time.monotonic()
+    with pytest.raises(TimeoutError):
+        channel.recv(deadline=began + 0.4)
+    assert 0.35 < time.monotonic() - began < 3
+
+
+def test_a_patient_read_outwaits_the_timeout_for_a_frame_to_start(pair):
+    near, far = pair
+    channel = Channel(near, Limits())
+    channel.set_timeout(0.1)
+    threading.Timer(0.5, lambda: far.sendall(b"".join(bytes(p) for p in encode("beat")))).start()
+    assert channel.recv(patient=True).kind == "beat"
+    with pytest.raises(TimeoutError):  # and an impatient one does not
+        channel.recv()

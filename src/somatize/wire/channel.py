@@ -8,10 +8,12 @@ knows the host).
 
 from __future__ import annotations
 
+import math
 import mmap
 import select
 import socket
 import ssl
+import struct
 import sys
 import threading
 import time
@@ -45,6 +47,12 @@ _LAZY = (mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
 _POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23 if sys.platform.startswith("linux") else None)
 _IOV_MAX = 512
 _AHEAD = 64 << 10  # what one read may take at once, for the frames that follow
+# A socket given a timeout in Python polls before every recv and every send: two
+# syscalls a call where one does. On Linux a plain socket stays blocking and the kernel
+# keeps its timeout instead (SO_RCVTIMEO, SO_SNDTIMEO), and a call that runs past it
+# fails with EAGAIN, which is read here as the TimeoutError it stands for.
+_KERNEL_TIMEOUTS = sys.platform.startswith("linux") and hasattr(socket, "SO_RCVTIMEO")
+_TIMEVAL = struct.Struct("@ll")
 
 
 class Closed(ConnectionError):
@@ -60,6 +68,9 @@ class Channel:
         self.keyed: Keyed | None = None
         self.lock = threading.Lock()
         self._gather = not isinstance(sock, ssl.SSLSocket) and hasattr(sock, "sendmsg")
+        self._kernel = self._gather and _KERNEL_TIMEOUTS
+        self.timeout: float | None = None  # how long one read or send may wait
+        self.set_timeout(sock.gettimeout())
         self._spare: list[Any] = []  # the last frame's large buffers, for the next one
         self._poller: Any = None
         # Bytes read past the frame that wanted them (a small frame is read whole in one
@@ -68,6 +79,31 @@ class Channel:
         self._lo = self._hi = 0
         self.most: int | None = None  # the largest frame the far side said it accepts
         self.sent = self.received = 0  # bytes of whole frames, each way, over its life
+
+    def set_timeout(self, seconds: float | None) -> None:
+        """How long one read or send may wait from now on (None: as long as it takes);
+        one that waits longer raises TimeoutError."""
+        self.timeout = seconds
+        if self._kernel:
+            self.sock.settimeout(None)
+            self._kernel_timeout(seconds, socket.SO_RCVTIMEO, socket.SO_SNDTIMEO)
+        else:
+            self.sock.settimeout(seconds)
+
+    def _kernel_timeout(self, seconds: float | None, *options: int) -> None:
+        if seconds is None:
+            value = _TIMEVAL.pack(0, 0)  # zero: no limit
+        else:  # rounded up, so that a deadline a hair away is not read as none
+            value = _TIMEVAL.pack(*divmod(max(1, math.ceil(seconds * 1e6)), 1_000_000))
+        for option in options:
+            self.sock.setsockopt(socket.SOL_SOCKET, option, value)
+
+    def _read_timeout(self, seconds: float) -> None:
+        """Bounds the next reads by ``seconds`` (a deadline's rest), until told otherwise."""
+        if self._kernel:
+            self._kernel_timeout(seconds, socket.SO_RCVTIMEO)
+        else:
+            self.sock.settimeout(seconds)
 
     @property
     def duplex(self) -> bool:
@@ -102,8 +138,8 @@ class Channel:
             return True
 
     def _send_reading(self, pieces: list[Any], reading: Any) -> int:
-        sock = self.sock
-        timeout = sock.gettimeout()
+        sock, timeout = self.sock, self.timeout
+        blocking = None if self._kernel else timeout  # what the socket goes back to
         total = sum(map(len, pieces))
         views = [memoryview(p) for p in pieces]
         poller = select.poll()
@@ -122,7 +158,7 @@ class Channel:
                 if not ready:
                     raise TimeoutError("the peer took nothing and said nothing")
                 if ready[0][1] & (select.POLLIN | select.POLLERR | select.POLLHUP) and wants & select.POLLIN:
-                    sock.settimeout(timeout)
+                    sock.settimeout(blocking)
                     try:
                         more = reading()
                     finally:
@@ -131,7 +167,7 @@ class Channel:
                         wants = select.POLLOUT
                         poller.modify(sock, wants)
         finally:
-            sock.settimeout(timeout)
+            sock.settimeout(blocking)
 
     def _send_pieces(self, pieces: list[Any]) -> int:
         """Sends what ``encode`` made (bytes, and byte views of the buffers)."""
@@ -140,12 +176,15 @@ class Channel:
             for piece in pieces:
                 self.sock.sendall(piece)
             return total
-        sent = self.sock.sendmsg(pieces[:_IOV_MAX])
-        if sent == total:  # a frame that fits the socket's buffer: nearly all of them
-            return total
-        views = _advance([memoryview(p) for p in pieces], sent)
-        while views:
-            views = _advance(views, self.sock.sendmsg(views[:_IOV_MAX]))
+        try:
+            sent = self.sock.sendmsg(pieces[:_IOV_MAX])
+            if sent == total:  # a frame that fits the socket's buffer: nearly all of them
+                return total
+            views = _advance([memoryview(p) for p in pieces], sent)
+            while views:
+                views = _advance(views, self.sock.sendmsg(views[:_IOV_MAX]))
+        except BlockingIOError:  # the kernel's send timeout passed
+            raise TimeoutError("the peer took nothing within the timeout") from None
         return total
 
     def recv(self, limits: Limits | None = None, patient: bool = False,
@@ -269,13 +308,14 @@ class Channel:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise TimeoutError(f"the deadline passed with {got} of {need} bytes read")
-                self.sock.settimeout(left)
+                self._read_timeout(left)
             try:
                 n = self.sock.recv_into(view[got:])
-            except TimeoutError:
+            except (TimeoutError, BlockingIOError):  # BlockingIOError: the kernel's timeout
                 if patient and not got and deadline is None:  # an idle peer is not a silent one
                     continue
-                raise
+                raise TimeoutError(f"nothing came within the timeout ({got} of {need} bytes "
+                                   "read)") from None
             if not n:
                 raise Closed(f"the peer closed the connection ({got} of {need} bytes read)")
             got += n

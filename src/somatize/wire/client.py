@@ -397,7 +397,7 @@ class SocketLink(Link):
             self._drop()
             raise ProtocolError(f"host {host!r} answered our greeting with {welcome.kind!r}",
                                 host=host)
-        self.channel.sock.settimeout(self.worker.timeout)
+        self.channel.set_timeout(self.worker.timeout)
         return welcome
 
     def _refuse(self, host: str, why: str) -> None:
@@ -444,7 +444,7 @@ class SocketLink(Link):
             raise self._translated(host, doing or f"while running slice {nodes}", exc) from None
         finally:
             if until is not None and self.channel is channel:
-                channel.sock.settimeout(self.worker.timeout)
+                channel.set_timeout(self.worker.timeout)
 
     def _translated(self, host: str, doing: str, exc: BaseException) -> WireError:
         """What a failure to read from the worker is called, naming the host."""

@@ -95,7 +95,7 @@ class Connection:
                 raise Closed("dropped to make room")
             authenticated = True
             self.channel.send("welcome", welcome)
-            self.channel.sock.settimeout(self.server.timeout)
+            self.channel.set_timeout(self.server.timeout)
             say.routine("%s: authenticated in %.1f ms", self.name, (time.perf_counter() - began) * 1e3)
             threading.Thread(target=self._beating, daemon=True).start()
             self._serve()
