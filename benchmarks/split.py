@@ -11,9 +11,11 @@ Encoder (here) >> Body (on a worker, trained by Split) >> Head (here), against:
   (two round trips, three backward calls, an optimizer on each side) it does, and
   nothing more. Its losses are checked ``==`` to somatize's.
 
-At two sizes: one with ~10 ms of compute per step (target: split at most 1.2x the
+At two sizes: one with ~10 ms of compute per step (target: split at most 1.15x the
 one-piece step) and a tiny one, whose difference is the fixed cost of a split step
-(two round trips: the forward stage and the walk back). Every process runs torch on
+(two round trips: the forward stage and the walk back; target: at most 400 µs). The
+plain split's own figures are printed beside both: where plain torch over a raw
+socket already misses a target on this machine, the machine sets that floor, not us. Every process runs torch on
 one thread, so the comparison is of the machinery and not of who got more cores.
 
 ``--link 10ms,100mbit`` puts the worker behind a slow link (``link.py``, a proxy in a
@@ -391,8 +393,10 @@ def main():
     print(f"split step, micro=4 (~10 ms/step): one piece after another {plain * 1e3:.2f}ms, "
           f"pipelined {overlapped * 1e3:.2f}ms, pipelined/unpipelined {overlapped / plain:.2f}x, "
           f"pipelined/split micro=1 {overlapped / ours['~10 ms/step'][1]:.2f}x")
-    print("targets: split/one <= 1.2x and split/rpc <= 0.8x at ~10 ms/step; fixed cost "
-          "<= 500 µs; pipelined micro=4 <= 0.8x unpipelined")
+    one, _, bare = ours["~10 ms/step"]
+    print(f"targets: split/one <= 1.15x at ~10 ms/step (plain/one here: {bare / one:.2f}x); "
+          "fixed cost <= 400 µs; pipelined micro=4 <= 1.1x split micro=1 and never slower "
+          "than unpipelined")
 
 
 def floors(width, rows, micro=4):
