@@ -18,6 +18,12 @@ process of its own:
     python benchmarks/wire.py            # add --quick for fewer repetitions
     python benchmarks/wire.py --fan-out  # only the wave over many hosts
     python benchmarks/wire.py --tiny     # only the tiny round trip beside the echo
+
+On a virtual machine most of a tiny round trip's wall time can be the wake-up of a
+process on another core, for the echo as much as for us: on the 2-core VM this was
+measured on, the echo took 55 µs spread over two cores and 18.5 µs with both
+processes on one. ``taskset -c 0 python benchmarks/wire.py --tiny`` puts every
+process on one core, where a round trip's wall time is the CPU both sides spend on it.
 """
 
 from __future__ import annotations
