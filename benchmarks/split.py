@@ -15,8 +15,9 @@ At two sizes: one with ~10 ms of compute per step (target: split at most 1.15x t
 one-piece step) and a tiny one, whose difference is the fixed cost of a split step
 (two round trips: the forward stage and the walk back; target: at most 400 µs). The
 plain split's own figures are printed beside both: where plain torch over a raw
-socket already misses a target on this machine, the machine sets that floor, not us. Every process runs torch on
-one thread, so the comparison is of the machinery and not of who got more cores.
+socket already misses a target on this machine, the machine sets that floor, not us.
+Every process runs torch on one thread, so the comparison is of the machinery and not
+of who got more cores.
 
 ``--link 10ms,100mbit`` puts the worker behind a slow link (``link.py``, a proxy in a
 process of its own) and torch rpc's TensorPipe connections behind the same link, and

@@ -161,3 +161,14 @@ def test_a_patient_read_outwaits_the_timeout_for_a_frame_to_start(pair):
     assert channel.recv(patient=True).kind == "beat"
     with pytest.raises(TimeoutError):  # and an impatient one does not
         channel.recv()
+
+
+def test_after_a_deadline_reads_are_bounded_by_the_timeout_again(pair):
+    near, far = pair
+    channel = Channel(near, Limits())
+    channel.set_timeout(5.0)
+    with pytest.raises(TimeoutError):
+        channel.recv(deadline=time.monotonic() + 0.2)
+    channel.set_timeout(5.0)  # what a client does after a call with a deadline: no syscall
+    threading.Timer(0.6, lambda: far.sendall(b"".join(bytes(p) for p in encode("beat")))).start()
+    assert channel.recv().kind == "beat"  # not the 0.2 s the deadline left behind

@@ -53,6 +53,7 @@ _AHEAD = 64 << 10  # what one read may take at once, for the frames that follow
 # fails with EAGAIN, which is read here as the TimeoutError it stands for.
 _KERNEL_TIMEOUTS = sys.platform.startswith("linux") and hasattr(socket, "SO_RCVTIMEO")
 _TIMEVAL = struct.Struct("@ll")
+_UNSET = object()  # no timeout set yet
 
 
 class Closed(ConnectionError):
@@ -69,8 +70,14 @@ class Channel:
         self.lock = threading.Lock()
         self._gather = not isinstance(sock, ssl.SSLSocket) and hasattr(sock, "sendmsg")
         self._kernel = self._gather and _KERNEL_TIMEOUTS
-        self.timeout: float | None = None  # how long one read or send may wait
-        self.set_timeout(sock.gettimeout())
+        # How long one read or send may wait (None: as long as it takes); what bounds
+        # reads and sends now, once set, where a deadline's reads may differ for a while.
+        self.timeout: float | None = sock.gettimeout()
+        self._reading: Any = _UNSET
+        self._sending: Any = _UNSET
+        if self._kernel:
+            sock.settimeout(None)
+        self.set_timeout(self.timeout)
         self._spare: list[Any] = []  # the last frame's large buffers, for the next one
         self._poller: Any = None
         # Bytes read past the frame that wanted them (a small frame is read whole in one
@@ -82,28 +89,30 @@ class Channel:
 
     def set_timeout(self, seconds: float | None) -> None:
         """How long one read or send may wait from now on (None: as long as it takes);
-        one that waits longer raises TimeoutError."""
+        one that waits longer raises TimeoutError. A setting already in force costs
+        no syscall, and reads take theirs up as they begin."""
         self.timeout = seconds
-        if self._kernel:
-            self.sock.settimeout(None)
-            self._kernel_timeout(seconds, socket.SO_RCVTIMEO, socket.SO_SNDTIMEO)
-        else:
+        if not self._kernel:
             self.sock.settimeout(seconds)
+            self._reading = self._sending = seconds
+        elif seconds != self._sending:
+            self._kernel_timeout(socket.SO_SNDTIMEO, seconds)
+            self._sending = seconds
 
-    def _kernel_timeout(self, seconds: float | None, *options: int) -> None:
+    def _bound_reads(self, seconds: float | None) -> None:
+        """Bounds the next reads by ``seconds`` (a deadline's rest, or the timeout again)."""
+        if not self._kernel:
+            self.sock.settimeout(seconds)
+        elif seconds != self._reading:
+            self._kernel_timeout(socket.SO_RCVTIMEO, seconds)
+        self._reading = seconds
+
+    def _kernel_timeout(self, option: int, seconds: float | None) -> None:
         if seconds is None:
             value = _TIMEVAL.pack(0, 0)  # zero: no limit
         else:  # rounded up, so that a deadline a hair away is not read as none
             value = _TIMEVAL.pack(*divmod(max(1, math.ceil(seconds * 1e6)), 1_000_000))
-        for option in options:
-            self.sock.setsockopt(socket.SOL_SOCKET, option, value)
-
-    def _read_timeout(self, seconds: float) -> None:
-        """Bounds the next reads by ``seconds`` (a deadline's rest), until told otherwise."""
-        if self._kernel:
-            self._kernel_timeout(seconds, socket.SO_RCVTIMEO)
-        else:
-            self.sock.settimeout(seconds)
+        self.sock.setsockopt(socket.SOL_SOCKET, option, value)
 
     @property
     def duplex(self) -> bool:
@@ -308,7 +317,9 @@ class Channel:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise TimeoutError(f"the deadline passed with {got} of {need} bytes read")
-                self._read_timeout(left)
+                self._bound_reads(left)
+            elif self._reading != self.timeout:  # the first read, or one after a deadline
+                self._bound_reads(self.timeout)
             try:
                 n = self.sock.recv_into(view[got:])
             except (TimeoutError, BlockingIOError):  # BlockingIOError: the kernel's timeout
