@@ -59,7 +59,7 @@ import torch.nn.functional as F
 from somatize import Graph, Node, Opaque
 from somatize.torch import Trainer, parameters
 from somatize.torch._audit import Audit
-from somatize.torch._measures import Held, Sink
+from somatize.torch._measures import Held, Place, Sink
 
 from _bench import block, steps_per_second
 
@@ -189,8 +189,8 @@ class Kernels(ByHand):
     def __init__(self, modules: dict[str, torch.nn.Module], optimizer: Any, said: list,
                  every: int, snapshot: int = 50):
         super().__init__(modules, optimizer, said, every, snapshot)
-        self.held = Held([_Watched(list(m.parameters())) for m in modules.values()],
-                         Audit.sampled)
+        self.held = Held([Place(None, name, name, m, list(m.parameters()))
+                          for name, m in modules.items()], Audit.sampled)
         self.parts: list[torch.Tensor] = []
         self.taken: Any = None
 
@@ -222,13 +222,6 @@ class Kernels(ByHand):
                               "weights": [weights(at) for at in range(len(self.modules))]})
             self.parts = []
         self.step += 1
-
-
-class _Watched:
-    """What ``Held`` reads of a place: its parameters."""
-
-    def __init__(self, params: list[torch.Tensor]):
-        self.params = params
 
 
 def trainer(inputs: int, width: int, outputs: int, auditing: Any,

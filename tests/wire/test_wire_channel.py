@@ -99,6 +99,9 @@ def test_an_answer_the_client_would_refuse_comes_back_as_an_error(standing):
 
 
 # -- timeouts -----------------------------------------------------------------------
+BEAT = b"".join(bytes(p) for p in encode("beat"))  # a whole frame, unkeyed
+
+
 @pytest.fixture
 def pair():
     """Two ends of a real loopback TCP connection: a Channel's, and its peer's."""
@@ -137,10 +140,8 @@ def test_a_deadline_bounds_a_read_in_total_however_the_bytes_trickle(pair):
     near, far = pair
     channel = Channel(near, Limits())
     channel.set_timeout(5.0)
-    frame = b"".join(bytes(p) for p in encode("beat"))
-
     def trickle():
-        for byte in frame[:-1]:  # never the whole frame, each byte well within the timeout
+        for byte in BEAT[:-1]:  # never the whole frame, each byte well within the timeout
             time.sleep(0.05)
             try:
                 far.sendall(bytes([byte]))
@@ -157,7 +158,7 @@ def test_a_patient_read_outwaits_the_timeout_for_a_frame_to_start(pair):
     near, far = pair
     channel = Channel(near, Limits())
     channel.set_timeout(0.1)
-    threading.Timer(0.5, lambda: far.sendall(b"".join(bytes(p) for p in encode("beat")))).start()
+    threading.Timer(0.5, lambda: far.sendall(BEAT)).start()
     assert channel.recv(patient=True).kind == "beat"
     with pytest.raises(TimeoutError):  # and an impatient one does not
         channel.recv()
@@ -170,5 +171,5 @@ def test_after_a_deadline_reads_are_bounded_by_the_timeout_again(pair):
     with pytest.raises(TimeoutError):
         channel.recv(deadline=time.monotonic() + 0.2)
     channel.set_timeout(5.0)  # what a client does after a call with a deadline: no syscall
-    threading.Timer(0.6, lambda: far.sendall(b"".join(bytes(p) for p in encode("beat")))).start()
+    threading.Timer(0.6, lambda: far.sendall(BEAT)).start()
     assert channel.recv().kind == "beat"  # not the 0.2 s the deadline left behind
