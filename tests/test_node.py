@@ -62,3 +62,44 @@ def test_ctx_opaque_done():
     assert Opaque(marker).value is marker
     assert Done(marker).value is marker
     assert "Opaque(object)" == repr(Opaque(marker))
+
+
+class Leaves(Node):
+    """Leaves a count for after its answer, and answers the count so far."""
+
+    def __init__(self):
+        self.done = 0
+
+    def forward(self, x, ctx):
+        ctx.afterwards(lambda: setattr(self, "done", self.done + 1))
+        return self.done
+
+
+def test_work_left_for_afterwards_runs_at_once_where_nobody_waits_for_an_answer():
+    from somatize import Graph
+
+    node = Leaves()
+    g = Graph.somatize(node.named("n"))
+    assert [g.forward(0), g.forward(0)] == [1, 2]  # a graph run here: inside the call
+
+
+def test_held_afterwards_keeps_work_in_order_for_its_caller_in_its_thread_only():
+    import threading
+
+    from somatize._node import held_afterwards
+
+    ran = []
+    with held_afterwards() as left:
+        Ctx(None, "a").afterwards(lambda: ran.append("a"))
+        other = threading.Thread(target=Ctx(None, "t").afterwards, args=(lambda: ran.append("t"),))
+        other.start()
+        other.join()
+        with held_afterwards() as inner:
+            Ctx(None, "b").afterwards(lambda: ran.append("b"))
+        Ctx(None, "c").afterwards(lambda: ran.append("c"))
+    assert ran == ["t"]  # another thread's work: nobody there promised to run it later
+    assert [n for n, _ in left] == ["a", "c"] and [n for n, _ in inner] == ["b"]
+    for _, work in left:
+        work()
+    Ctx(None, "d").afterwards(lambda: ran.append("d"))
+    assert ran == ["t", "a", "c", "d"]

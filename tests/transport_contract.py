@@ -67,6 +67,17 @@ class TransportContract:
         said = [g.forward(0, broker={"h": place}) for g in (a, b, a, b, a)]
         assert said == [1, 1, 2, 2, 3]
 
+    def test_work_a_node_leaves_for_afterwards_has_run_before_its_next_slice(self, place):
+        g = Graph.somatize(nodes.Later().named("later").at("h"))
+        first = g.forward(0, broker={"h": place})  # 0 where the answer went first, 1 if not
+        assert [g.forward(0, broker={"h": place}) for _ in range(3)] == [first + 1, first + 2,
+                                                                       first + 3]
+        failing = Graph.somatize(nodes.Later().named("later").at("h"))
+        with pytest.raises(NodeError, match="the work after the answer failed") as caught:
+            failing.forward("fail", broker={"h": place})  # here, or in place of the next slice
+            failing.forward(0, broker={"h": place})
+        assert caught.value.node == "later" and caught.value.host == "h"
+
     def test_a_restart_is_said_to_a_session_that_keeps_state(self, place):
         broker = Broker({"h": place})
         kept, plain = broker.session(keeps=True), broker.session()

@@ -8,7 +8,9 @@ through — pickle included, whose state then overwrites it with the original.
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import threading
+from typing import Any, Callable, Iterator
 
 from ._dsl import as_piece
 from ._errors import MissingForward
@@ -17,6 +19,9 @@ from ._opaque import Done, Opaque
 __all__ = ["Ctx", "Done", "Node", "Opaque"]
 
 MADE_WITH = "_soma_made_with"
+# Where the work nodes leave for after their answer goes, in a thread whose caller
+# promised to run it then (``held_afterwards``); nowhere, and so run at once, elsewhere.
+_AFTERWARDS = threading.local()
 
 
 class Node:
@@ -93,7 +98,9 @@ def made_with(node: Any) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
 
 
 class Ctx:
-    """What a node knows beyond its input: ``device`` (torch-style, or None) and its id."""
+    """What a node knows beyond its input: ``device`` (torch-style, or None) and its id
+    (``node``); and, through ``afterwards``, where to leave work for once its answer is
+    out."""
 
     __slots__ = ("device", "node")
 
@@ -101,5 +108,37 @@ class Ctx:
         self.device = device
         self.node = node
 
+    def afterwards(self, work: Callable[[], Any]) -> None:
+        """Runs ``work`` (called with no arguments) once the answer this node is part of
+        has gone out, rather than before it.
+
+        On a worker the reply to the slice is sent first and ``work`` runs right after,
+        so what it costs (an optimizer's step, say) overlaps what the client does next
+        instead of adding to the round trip. Nothing else reaches the node in between:
+        the next slice of the same session, a checkpoint's read, a request on another
+        connection, all wait until ``work`` has run. Should it raise, the session's next
+        slice is answered with that failure, naming this node, and does not run.
+        Wherever nobody waits for an answer (a graph run here, the in-process and Ray
+        transports), ``work`` runs at once, inside this call."""
+        held = getattr(_AFTERWARDS, "work", None)
+        if held is None:
+            work()
+        else:
+            held.append((self.node, work))
+
     def __repr__(self) -> str:
         return f"Ctx(device={self.device!r}, node={self.node!r})"
+
+
+@contextlib.contextmanager
+def held_afterwards() -> Iterator[list[tuple[str | None, Callable[[], Any]]]]:
+    """Holds, in the list it yields, the work that nodes running in this thread leave
+    for after their answer (``Ctx.afterwards``), as ``(node, work)`` in order: whoever
+    enters it promises to run that work once the answer has gone."""
+    outer = getattr(_AFTERWARDS, "work", None)
+    held: list[tuple[str | None, Callable[[], Any]]] = []
+    _AFTERWARDS.work = held
+    try:
+        yield held
+    finally:
+        _AFTERWARDS.work = outer

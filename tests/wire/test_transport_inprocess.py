@@ -37,3 +37,11 @@ def test_a_call_past_its_deadline_is_a_wire_error_and_the_host_serves_on():
     assert time.monotonic() - began < 0.9
     time.sleep(1.0)  # the slow slice goes on to its end; the host then serves on
     assert Graph.somatize(nodes.Twice().at("h")).forward(2, broker={"h": place}) == 4
+
+
+def test_work_left_for_afterwards_runs_within_the_slice_in_process():
+    import transport_nodes as nodes
+
+    with Worker.in_process(send=["transport_nodes"]) as place:
+        g = Graph.somatize(nodes.Later().named("later").at("h"))
+        assert [g.forward(0, broker={"h": place}), g.forward(0, broker={"h": place})] == [1, 2]

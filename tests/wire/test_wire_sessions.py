@@ -10,7 +10,7 @@ import weakref
 
 import pytest
 from wire_helpers import TOKEN, standing  # noqa: F401  (a fixture)
-from wire_nodes import Add, Count, Interrupt, Shout, Sleep
+from wire_nodes import Add, Count, Interrupt, Later, Shout, Sleep
 
 from somatize import Broker, DeclarationError, Graph, NodeError, StateLost, WireError, Worker
 
@@ -122,6 +122,36 @@ def test_a_call_past_its_deadline_is_a_wire_error_and_the_worker_serves_on(stand
         assert counting().forward(0, broker={"w": w}) == 1  # a new connection, served
     with pytest.raises(DeclarationError, match="deadline is a positive number"):
         Worker.at(worker.addr, token=TOKEN, deadline=0)
+
+
+def test_work_a_node_leaves_for_afterwards_runs_after_its_answer_and_before_the_next(standing):
+    worker = standing()
+    with Worker.at(worker.addr, token=TOKEN) as w:
+        g, broker = Graph.somatize(Later(1.5).named("later").at("w")), {"w": w}
+        began = time.monotonic()
+        assert g.forward(0, broker=broker) == 0  # answered before its work ran...
+        assert time.monotonic() - began < 1.0
+        assert g.forward(0, broker=broker) == 1  # ...which ran before the next slice
+        assert time.monotonic() - began >= 1.5
+        # the client had said nothing meanwhile: no heartbeat followed the answer
+        assert counting().forward(0, broker=broker) == 1
+
+
+def test_work_left_for_afterwards_that_fails_is_the_next_slices_error_naming_the_node(standing):
+    worker = standing()
+    with Worker.at(worker.addr, token=TOKEN) as w:
+        g, broker = Graph.somatize(Later().named("later").at("w")), {"w": w}
+        assert g.forward("fail", broker=broker) == 0  # its answer went before the work failed
+        with pytest.raises(NodeError, match=r"node 'later' left work for after its answer "
+                                            r"\(Ctx.afterwards\), and it raised ValueError: the "
+                                            r"work after the answer failed; the slice after it "
+                                            r"did not run") as caught:
+            g.forward(0, broker=broker)
+        assert caught.value.node == "later" and caught.value.host == "w"
+        assert caught.value.kind == "ValueError"
+        # said once: the slice refused did not run, and the next ones do
+        assert [g.forward(0, broker=broker), g.forward(0, broker=broker)] == [0, 1]
+    assert "the work it left for after its answer failed" in worker.wait_log("ValueError")
 
 
 

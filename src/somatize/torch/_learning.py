@@ -594,7 +594,12 @@ class Split(Learning):
     """Split learning: the chain rule carried on from the seam's gradient, a step, and
     the input's gradient handed back. A group of several steps takes the same three
     movements apart: cleared where it opens, added to in between, stepped where it
-    closes."""
+    closes.
+
+    The input's gradient is all the other side waits for, so on a worker the step comes
+    after the answer (``Ctx.afterwards``), while the client walks its own half back.
+    Not where the step must be seen before the answer goes: an Audit reads the update
+    it made, and a shared trainer steps among its clients' gradients."""
 
     def learn(self, signal: torch.Tensor | None, ctx: Ctx) -> Any:
         optimizer = self.optimizer
@@ -604,7 +609,10 @@ class Split(Learning):
             self.waiting().backward(signal)
         given = self.done()
         if self.closes():
-            optimizer.step()
+            if self._audit is None and self._group is None:
+                ctx.afterwards(optimizer.step)
+            else:
+                optimizer.step()
         if isinstance(given, torch.Tensor) and given.grad is not None:
             return given.grad
         return None

@@ -294,25 +294,37 @@ class Connection:
         nodes = frame.header.get("n") if form is None else form.nodes
         self.busy_since = time.monotonic()  # a codec's first use may import it (torch: seconds)
         try:
-            reply = answer(self.server.sessions, frame.header, frame.buffers, self.holding, form)
+            reply = answer(self.server.sessions, frame.header, frame.buffers, self.holding, form,
+                           defers=True)
         finally:
             self.busy_since = None
         frame = None  # let its buffers go before the answer is sent
         if reply.said is not None:
             say.block(f"{self.name}: {reply.said}", reply.text)
         try:
-            size = self.channel.send(reply.kind, reply.header, reply.buffers)
-        except ProtocolError as exc:  # larger than the client takes: nothing was sent
+            size = self._reply(reply, nodes)
+        finally:
+            # What the nodes left for after their answer runs once it has gone, with no
+            # heartbeat: a beat after the answer would look to the client, reading it
+            # before its next request, like the connection closing.
+            if reply.settle is not None:
+                reply.settle()
+        if reply.kind == "done" and size and say.routine_too:
+            say.routine("%s: slice %s ran in %.1f ms, answered %d bytes", self.name, nodes,
+                        (time.perf_counter() - began) * 1e3, size)
+
+    def _reply(self, reply: Any, nodes: Any) -> int:
+        """Sends a slice's answer and returns its size; one larger than the client takes
+        is not sent, and an error saying so goes instead (answering 0)."""
+        try:
+            return self.channel.send(reply.kind, reply.header, reply.buffers)
+        except ProtocolError as exc:  # nothing was sent
             failure = failed(ProtocolError(
                 f"the answer to slice {nodes} is too large for the client: {exc}; give "
                 "Worker(..., limits=Limits(frame=...)) a larger frame"), [])
             failure.header["x"] = reply.header.get("x", [])
             self.channel.send("error", failure.header)
-            return
-        if reply.kind == "done" and say.routine_too:
-            say.routine("%s: slice %s ran in %.1f ms, answered %d bytes", self.name, nodes,
-                        (time.perf_counter() - began) * 1e3, size)
-
+            return 0
 
     def _form(self, head: dict[str, Any]) -> SliceForm | None:
         """The form a slice request says in full and numbers (kept, under the next

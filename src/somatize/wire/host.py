@@ -12,17 +12,19 @@ so a slice runs one way whichever way it came.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
+import functools
 import hashlib
 import threading
 import time
 import traceback
-from typing import Any, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 from .._engine import run_slice
 from .._errors import NodeError, ProtocolError, SomaError
 from .._graph import made_from
-from .._node import Opaque
+from .._node import Opaque, held_afterwards
 from .._slices import Shape, Slice
 from .catalog import build, catalog_id, pack_values, unpack_values
 from .log import say
@@ -43,13 +45,16 @@ def short(ident: str) -> str:
 
 class Answer(NamedTuple):
     """A reply to send: ``kind`` (``"done"`` or ``"error"``), its header and buffers;
-    ``said`` is the log's line for a failure (its traceback follows it, ``text``)."""
+    ``said`` is the log's line for a failure (its traceback follows it, ``text``).
+    ``settle``, when there is one, runs the work the slice's nodes left for after their
+    answer (``Ctx.afterwards``): the transport calls it once the reply has gone."""
 
     kind: str
     header: dict[str, Any]
     buffers: list[Any]
     said: str | None = None
     text: str | None = None
+    settle: Callable[[], None] | None = None
 
 
 class Holding:
@@ -69,13 +74,18 @@ class Tenant:
     owner said it keeps state here, whether a slice has run in it since, and the nodes
     of it that share something with other sessions (``Sharing``)."""
 
-    __slots__ = ("catalog", "graph", "keeps", "live", "lock", "shapes", "shares", "used")
+    __slots__ = ("catalog", "failed", "graph", "keeps", "left", "live", "lock", "shapes",
+                 "shares", "used")
 
     def __init__(self, catalog: str, graph: Any, keeps: bool, shares: tuple = ()):
         self.catalog, self.graph, self.keeps, self.shares = catalog, graph, keeps, shares
         self.live = False
         self.lock = threading.Lock()  # a session's slices run one at a time
         self.used = time.monotonic()
+        # The work its last slice's nodes left for after the answer (Ctx.afterwards),
+        # until it runs; and how that work failed, until a slice is answered with it.
+        self.left: list[tuple[str | None, Callable[[], Any]]] = []
+        self.failed: Answer | None = None
         # The slices its forms make in its catalog (SliceForm.shape): kept with the
         # session, so that what it held goes when it goes, whoever's connection asked.
         self.shapes: dict[tuple, Shape] = {}
@@ -368,11 +378,15 @@ def slice_form(head: Any) -> SliceForm:
 
 
 def answer(sessions: Sessions, head: Any, buffers: list[Any], holding: Holding,
-           form: SliceForm | None = None) -> Answer:
+           form: SliceForm | None = None, defers: bool = False) -> Answer:
     """Runs the slice a request header describes, here, against the catalog of the
     session it names (``s``): ``"need"`` when this host holds no such session, with
     why it is gone (``gone``) where it once held it. ``form`` is what the header would
     say in full, where the transport read it from an earlier request.
+
+    A transport that ``defers`` promises to call the answer's ``settle`` once its reply
+    has gone: the work the slice's nodes left for afterwards (``Ctx.afterwards``) waits
+    until then. Otherwise that work runs inside the slice, as the nodes ask for it.
 
     A request that is not a slice of ours raises ProtocolError (the transport drops
     whoever sent it); anything the slice itself raises is answered as an error."""
@@ -408,14 +422,64 @@ def answer(sessions: Sessions, head: Any, buffers: list[Any], holding: Holding,
                 f"the output of node {ref!r} is no longer here: the worker kept it for one "
                 "forward, and it restarted or another forward began since")}, [])
         given[ref] = holding.held[ref] if transposed else Opaque(holding.held[ref])
-    with tenant.lock:  # one session's slices one at a time, whoever sends them
+    with _turn(sessions, tenant):
+        _settled(tenant)  # what the last answer left, if nobody ran it yet
+        if tenant.failed is not None:  # said once, in place of this slice
+            failure, tenant.failed = tenant.failed, None
+            return failure
         piece = Slice(form.shape(tenant, tuple(given)), given, Opaque(values.get("i")),
                       bool(head.get("x")))
         tenant.live = True
+        if not defers:
+            return _run(piece, holding)
+        with held_afterwards() as left:
+            reply = _run(piece, holding)
+        if not left:
+            return reply
+        tenant.left = left
+    return reply._replace(settle=functools.partial(settle, sessions, tenant))
+
+
+@contextlib.contextmanager
+def _turn(sessions: Sessions, tenant: Tenant) -> Iterator[None]:
+    """A session's turn at its nodes: its slices one at a time, whoever sends them, and
+    those of a session that shares something one at a time with every other's."""
+    with tenant.lock:
         if not tenant.shares:
-            return _run(piece, holding)
-        with sessions.sharing.lock:  # what is shared, by one slice at a time
-            return _run(piece, holding)
+            yield
+            return
+        with sessions.sharing.lock:
+            yield
+
+
+def settle(sessions: Sessions, tenant: Tenant) -> None:
+    """Runs, in the session's turn, the work its last answer left (unless a slice of it
+    came first and ran it): a transport calls this once that answer has gone."""
+    with _turn(sessions, tenant):
+        _settled(tenant)
+
+
+def _settled(tenant: Tenant) -> None:
+    """Runs the work left for after an answer, in order, each node's whatever another's
+    did; the first failure is what the session's next slice is answered with."""
+    left, tenant.left = tenant.left, []
+    for node, work in left:
+        try:
+            work()
+        except Exception as exc:
+            if tenant.failed is not None:  # one said already; this one is in the log
+                say.block(f"node {node!r}: the work it left for after its answer failed "
+                          f"too: {exc}", traceback_text(exc))
+                continue
+            error = NodeError(
+                f"node {node!r} left work for after its answer (Ctx.afterwards), and it "
+                f"raised {type(exc).__name__}: {exc}; the slice after it did not run, since "
+                "the node's state is what that work left; fix the work, or do it in forward",
+                node=str(node), kind=type(exc).__name__)
+            error.__cause__ = exc
+            tenant.failed = failed(error, [], f"node {node!r}: the work it left for after its "
+                                              f"answer failed: {exc}")
+            say.block(tenant.failed.said, tenant.failed.text)
 
 
 def _run(piece: Slice, holding: Holding) -> Answer:

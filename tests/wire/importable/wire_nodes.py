@@ -157,3 +157,21 @@ class Interrupt(Node):
 
     def forward(self, x, ctx):
         raise {"interrupt": KeyboardInterrupt, "exit": SystemExit}[self.kind]("from a node")
+
+
+class Later(Node):
+    """Answers how many times its work ran, and leaves that work (a wait of ``seconds``,
+    then a count, or a ValueError for an input of "fail") for after its answer."""
+
+    def __init__(self, seconds=0.0):
+        self.seconds, self.done = seconds, 0
+
+    def forward(self, x, ctx):
+        ctx.afterwards(lambda: self._work(x))
+        return self.done
+
+    def _work(self, x):
+        time.sleep(self.seconds)
+        if x == "fail":
+            raise ValueError("the work after the answer failed")
+        self.done += 1
