@@ -8,9 +8,8 @@ through — pickle included, whose state then overwrites it with the original.
 
 from __future__ import annotations
 
-import contextlib
 import threading
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from ._dsl import as_piece
 from ._errors import MissingForward
@@ -130,15 +129,19 @@ class Ctx:
         return f"Ctx(device={self.device!r}, node={self.node!r})"
 
 
-@contextlib.contextmanager
-def held_afterwards() -> Iterator[list[tuple[str | None, Callable[[], Any]]]]:
+class held_afterwards:  # noqa: N801  (used as a function: ``with held_afterwards() as left``)
     """Holds, in the list it yields, the work that nodes running in this thread leave
     for after their answer (``Ctx.afterwards``), as ``(node, work)`` in order: whoever
-    enters it promises to run that work once the answer has gone."""
-    outer = getattr(_AFTERWARDS, "work", None)
-    held: list[tuple[str | None, Callable[[], Any]]] = []
-    _AFTERWARDS.work = held
-    try:
-        yield held
-    finally:
-        _AFTERWARDS.work = outer
+    enters it promises to run that work once the answer has gone. (A class, not a
+    generator: a worker enters it for every slice.)"""
+
+    __slots__ = ("held", "outer")
+
+    def __enter__(self) -> list[tuple[str | None, Callable[[], Any]]]:
+        self.outer = getattr(_AFTERWARDS, "work", None)
+        self.held: list[tuple[str | None, Callable[[], Any]]] = []
+        _AFTERWARDS.work = self.held
+        return self.held
+
+    def __exit__(self, *exc: Any) -> None:
+        _AFTERWARDS.work = self.outer

@@ -12,14 +12,13 @@ so a slice runs one way whichever way it came.
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
 import functools
 import hashlib
 import threading
 import time
 import traceback
-from typing import Any, Callable, Iterator, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 from .._engine import run_slice
 from .._errors import NodeError, ProtocolError, SomaError
@@ -440,16 +439,23 @@ def answer(sessions: Sessions, head: Any, buffers: list[Any], holding: Holding,
     return reply._replace(settle=functools.partial(settle, sessions, tenant))
 
 
-@contextlib.contextmanager
-def _turn(sessions: Sessions, tenant: Tenant) -> Iterator[None]:
+class _turn:  # noqa: N801  (used as a function: ``with _turn(sessions, tenant)``)
     """A session's turn at its nodes: its slices one at a time, whoever sends them, and
-    those of a session that shares something one at a time with every other's."""
-    with tenant.lock:
-        if not tenant.shares:
-            yield
-            return
-        with sessions.sharing.lock:
-            yield
+    those of a session that shares something one at a time with every other's. (A
+    class, not a generator: every slice takes its turn.)"""
+
+    __slots__ = ("locks",)
+
+    def __init__(self, sessions: Sessions, tenant: Tenant):
+        self.locks = (tenant.lock, sessions.sharing.lock) if tenant.shares else (tenant.lock,)
+
+    def __enter__(self) -> None:
+        for lock in self.locks:  # a connection's thread: no signal interrupts a wait here
+            lock.acquire()
+
+    def __exit__(self, *exc: Any) -> None:
+        for lock in reversed(self.locks):
+            lock.release()
 
 
 def settle(sessions: Sessions, tenant: Tenant) -> None:
