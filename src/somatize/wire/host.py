@@ -74,12 +74,16 @@ class Tenant:
     of it that share something with other sessions (``Sharing``)."""
 
     __slots__ = ("catalog", "failed", "graph", "keeps", "left", "live", "lock", "shapes",
-                 "shares", "used")
+                 "shares", "turn", "used")
 
-    def __init__(self, catalog: str, graph: Any, keeps: bool, shares: tuple = ()):
+    def __init__(self, catalog: str, graph: Any, keeps: bool, shares: tuple = (),
+                 sharing: Sharing | None = None):
         self.catalog, self.graph, self.keeps, self.shares = catalog, graph, keeps, shares
         self.live = False
         self.lock = threading.Lock()  # a session's slices run one at a time
+        # What it holds to touch its nodes: its own lock, and the lock of what it shares
+        # with other sessions when it shares something (one slice at a time across them).
+        self.turn = _Turn((self.lock, sharing.lock) if shares and sharing else (self.lock,))
         self.used = time.monotonic()
         # The work its last slice's nodes left for after the answer (Ctx.afterwards),
         # until it runs; and how that work failed, until a slice is answered with it.
@@ -241,7 +245,7 @@ class Sessions:
                     except Refused:
                         self._leaving.append(shares)
                         raise
-                self._held[session] = Tenant(ident, graph, keeps, shares)
+                self._held[session] = Tenant(ident, graph, keeps, shares, self.sharing)
                 self._held.move_to_end(session)
                 self._gone.pop(session, None)
                 count = len(self._held)
@@ -421,8 +425,9 @@ def answer(sessions: Sessions, head: Any, buffers: list[Any], holding: Holding,
                 f"the output of node {ref!r} is no longer here: the worker kept it for one "
                 "forward, and it restarted or another forward began since")}, [])
         given[ref] = holding.held[ref] if transposed else Opaque(holding.held[ref])
-    with _turn(sessions, tenant):
-        _settled(tenant)  # what the last answer left, if nobody ran it yet
+    with tenant.turn:  # its slices one at a time, and what it shares one slice at a time
+        if tenant.left:  # what the last answer left, if nobody ran it yet
+            _settled(tenant)
         if tenant.failed is not None:  # said once, in place of this slice
             failure, tenant.failed = tenant.failed, None
             return failure
@@ -436,18 +441,17 @@ def answer(sessions: Sessions, head: Any, buffers: list[Any], holding: Holding,
         if not left:
             return reply
         tenant.left = left
-    return reply._replace(settle=functools.partial(settle, sessions, tenant))
+    return Answer(reply.kind, reply.header, reply.buffers, reply.said, reply.text,
+                  functools.partial(settle, tenant))
 
 
-class _turn:  # noqa: N801  (used as a function: ``with _turn(sessions, tenant)``)
-    """A session's turn at its nodes: its slices one at a time, whoever sends them, and
-    those of a session that shares something one at a time with every other's. (A
-    class, not a generator: every slice takes its turn.)"""
+class _Turn:
+    """Locks taken in order and let go in reverse, as one context manager."""
 
     __slots__ = ("locks",)
 
-    def __init__(self, sessions: Sessions, tenant: Tenant):
-        self.locks = (tenant.lock, sessions.sharing.lock) if tenant.shares else (tenant.lock,)
+    def __init__(self, locks: tuple[Any, ...]):
+        self.locks = locks
 
     def __enter__(self) -> None:
         for lock in self.locks:  # a connection's thread: no signal interrupts a wait here
@@ -458,10 +462,10 @@ class _turn:  # noqa: N801  (used as a function: ``with _turn(sessions, tenant)`
             lock.release()
 
 
-def settle(sessions: Sessions, tenant: Tenant) -> None:
+def settle(tenant: Tenant) -> None:
     """Runs, in the session's turn, the work its last answer left (unless a slice of it
     came first and ran it): a transport calls this once that answer has gone."""
-    with _turn(sessions, tenant):
+    with tenant.turn:
         _settled(tenant)
 
 
