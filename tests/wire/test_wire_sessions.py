@@ -137,6 +137,19 @@ def test_work_a_node_leaves_for_afterwards_runs_after_its_answer_and_before_the_
         assert counting().forward(0, broker=broker) == 1
 
 
+def test_a_client_asking_while_work_left_for_afterwards_runs_hears_heartbeats(standing):
+    worker = standing()
+    with Worker.at(worker.addr, token=TOKEN, timeout=0.6) as w:  # a beat every 0.15 s
+        g, broker = Graph.somatize(Later(2.0).named("later").at("w")), {"w": w}
+        assert g.forward(0, broker=broker) == 0
+        began = time.monotonic()  # past the timeout, the work goes on: the client hears
+        assert g.forward(0, broker=broker) == 1  # it is alive, and waits rather than fail
+        assert time.monotonic() - began >= 1.5
+        time.sleep(2.5)  # idle while the second work runs: no beat may come meanwhile,
+        assert g.forward(0, broker=broker) == 2  # or this would find a closing connection
+        assert "connection 2 " not in worker.log()  # one connection all along
+
+
 def test_work_left_for_afterwards_that_fails_is_the_next_slices_error_naming_the_node(standing):
     worker = standing()
     with Worker.at(worker.addr, token=TOKEN) as w:

@@ -70,6 +70,7 @@ class Connection:
         self.holding = Holding()  # what stayed here for this client's forward
         self.forms: list[SliceForm] = []  # what slices said in full here, by number
         self.busy_since: float | None = None
+        self.settling = False  # running what a slice left for after its answer
         self.interval = 1.0
         self.thread_done = threading.Event()
         self.closed = threading.Event()
@@ -200,15 +201,21 @@ class Connection:
         return hello
 
     def _beating(self) -> None:
-        """Says "still here" while a slice computes, and never after its answer."""
+        """Says "still here" while a slice computes, and never after its answer unless
+        the client already asked again: while the work a slice left for afterwards runs,
+        a beat goes only once the next request waits, since one that came to an idle
+        client would look to it like the connection closing."""
         while not self.closed.wait(self.interval):
             if self.busy_since is None:
                 continue
             try:
-                self.channel.send_if("beat", lambda: self.busy_since is not None
-                                     and not self.closed.is_set())
+                self.channel.send_if("beat", self._may_beat)
             except OSError:
                 return
+
+    def _may_beat(self) -> bool:
+        return self.busy_since is not None and not self.closed.is_set() and (
+            not self.settling or not self.channel.idle_and_open())
 
     # -- requests -------------------------------------------------------------------
     def _serve(self) -> None:
@@ -303,15 +310,19 @@ class Connection:
             say.block(f"{self.name}: {reply.said}", reply.text)
         try:
             size = self._reply(reply, nodes)
+            took = time.perf_counter() - began
         finally:
-            # What the nodes left for after their answer runs once it has gone, with no
-            # heartbeat: a beat after the answer would look to the client, reading it
-            # before its next request, like the connection closing.
-            if reply.settle is not None:
-                reply.settle()
+            if reply.settle is not None:  # what the nodes left for after their answer
+                self.settling = True  # before busy: no beat may see busy alone
+                self.busy_since = time.monotonic()
+                try:
+                    reply.settle()
+                finally:
+                    self.busy_since = None
+                    self.settling = False
         if reply.kind == "done" and size and say.routine_too:
             say.routine("%s: slice %s ran in %.1f ms, answered %d bytes", self.name, nodes,
-                        (time.perf_counter() - began) * 1e3, size)
+                        took * 1e3, size)
 
     def _reply(self, reply: Any, nodes: Any) -> int:
         """Sends a slice's answer and returns its size; one larger than the client takes
