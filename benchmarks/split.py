@@ -7,9 +7,10 @@ Encoder (here) >> Body (on a worker, trained by Split) >> Head (here), against:
   ``DistributedOptimizer`` (TensorPipe, CPU), the anchor a user would otherwise write;
 - the same split in plain torch over one raw TCP socket to a process holding the body
   (``plain``: the tensors' bytes behind a length, nothing else said, the body's
-  optimizer stepping there): the floor of a split step, since whatever a split must do
-  (two round trips, three backward calls, an optimizer on each side) it does, and
-  nothing more. Its losses are checked ``==`` to somatize's.
+  optimizer stepping there once the gradient it owes has gone, as a somatize worker
+  steps): the floor of a split step, since whatever a split must do (two round trips,
+  three backward calls, an optimizer on each side) it does, and nothing more. Its
+  losses are checked ``==`` to somatize's.
 
 At two sizes: one with ~10 ms of compute per step (target: split at most 1.15x the
 one-piece step) and a tiny one, whose difference is the fixed cost of a split step
@@ -130,8 +131,8 @@ while True:
     g = tensor(size)
     opt.zero_grad()
     y.backward(g)
+    c.sendall(x.grad.numpy().data)  # what the client waits for, then the step: as ours
     opt.step()
-    c.sendall(x.grad.numpy().data)
 """
 
 
