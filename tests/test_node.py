@@ -83,23 +83,22 @@ def test_work_left_for_afterwards_runs_at_once_where_nobody_waits_for_an_answer(
     assert [g.forward(0), g.forward(0)] == [1, 2]  # a graph run here: inside the call
 
 
-def test_held_afterwards_keeps_work_in_order_for_its_caller_in_its_thread_only():
+def test_a_thread_that_holds_work_for_afterwards_keeps_it_in_order_and_only_its_own():
     import threading
 
-    from somatize._node import held_afterwards
+    from somatize._node import afterwards_held_here
 
-    ran = []
-    with held_afterwards() as left:
+    ran, held = [], {}
+
+    def holding():  # a thread of its own, as a worker's connection is
+        left = afterwards_held_here()
         Ctx(None, "a").afterwards(lambda: ran.append("a"))
-        other = threading.Thread(target=Ctx(None, "t").afterwards, args=(lambda: ran.append("t"),))
-        other.start()
-        other.join()
-        with held_afterwards() as inner:
-            Ctx(None, "b").afterwards(lambda: ran.append("b"))
-        Ctx(None, "c").afterwards(lambda: ran.append("c"))
-    assert ran == ["t"]  # another thread's work: nobody there promised to run it later
-    assert [n for n, _ in left] == ["a", "c"] and [n for n, _ in inner] == ["b"]
-    for _, work in left:
-        work()
-    Ctx(None, "d").afterwards(lambda: ran.append("d"))
-    assert ran == ["t", "a", "c", "d"]
+        Ctx(None, "b").afterwards(lambda: ran.append("b"))
+        held["left"], held["again"] = list(left), afterwards_held_here() is left
+
+    thread = threading.Thread(target=holding)
+    thread.start()
+    thread.join()
+    assert ran == [] and [n for n, _ in held["left"]] == ["a", "b"] and held["again"]
+    Ctx(None, "c").afterwards(lambda: ran.append("c"))  # this thread promised nothing
+    assert ran == ["c"]

@@ -18,8 +18,8 @@ from ._opaque import Done, Opaque
 __all__ = ["Ctx", "Done", "Node", "Opaque"]
 
 MADE_WITH = "_soma_made_with"
-# Where the work nodes leave for after their answer goes, in a thread whose caller
-# promised to run it then (``held_afterwards``); nowhere, and so run at once, elsewhere.
+# Where the work nodes leave for after their answer goes, in a thread that promised to
+# run it then (``afterwards_held_here``); nowhere, and so run at once, elsewhere.
 _AFTERWARDS = threading.local()
 
 
@@ -129,19 +129,12 @@ class Ctx:
         return f"Ctx(device={self.device!r}, node={self.node!r})"
 
 
-class held_afterwards:  # noqa: N801  (used as a function: ``with held_afterwards() as left``)
-    """Holds, in the list it yields, the work that nodes running in this thread leave
-    for after their answer (``Ctx.afterwards``), as ``(node, work)`` in order: whoever
-    enters it promises to run that work once the answer has gone. (A class, not a
-    generator: a worker enters it for every slice.)"""
-
-    __slots__ = ("held", "outer")
-
-    def __enter__(self) -> list[tuple[str | None, Callable[[], Any]]]:
-        self.outer = getattr(_AFTERWARDS, "work", None)
-        self.held: list[tuple[str | None, Callable[[], Any]]] = []
-        _AFTERWARDS.work = self.held
-        return self.held
-
-    def __exit__(self, *exc: Any) -> None:
-        _AFTERWARDS.work = self.outer
+def afterwards_held_here() -> list[tuple[str | None, Callable[[], Any]]]:
+    """The list where the work nodes leave for after their answer (``Ctx.afterwards``)
+    waits in this thread, as ``(node, work)`` in order, from now on. The thread that asks
+    for it promises, for its whole life, to take what it holds after each answer and run
+    it once that answer has gone: a socket worker's connection does."""
+    held = getattr(_AFTERWARDS, "work", None)
+    if held is None:
+        held = _AFTERWARDS.work = []
+    return held

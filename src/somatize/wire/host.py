@@ -23,7 +23,7 @@ from typing import Any, Callable, NamedTuple
 from .._engine import run_slice
 from .._errors import NodeError, ProtocolError, SomaError
 from .._graph import made_from
-from .._node import Opaque, held_afterwards
+from .._node import Opaque, afterwards_held_here
 from .._slices import Shape, Slice
 from .catalog import build, catalog_id, pack_values, unpack_values
 from .log import say
@@ -83,7 +83,7 @@ class Tenant:
         self.lock = threading.Lock()  # a session's slices run one at a time
         # What it holds to touch its nodes: its own lock, and the lock of what it shares
         # with other sessions when it shares something (one slice at a time across them).
-        self.turn = _Turn((self.lock, sharing.lock) if shares and sharing else (self.lock,))
+        self.turn = _Both(self.lock, sharing.lock) if shares and sharing else self.lock
         self.used = time.monotonic()
         # The work its last slice's nodes left for after the answer (Ctx.afterwards),
         # until it runs; and how that work failed, until a slice is answered with it.
@@ -436,30 +436,31 @@ def answer(sessions: Sessions, head: Any, buffers: list[Any], holding: Holding,
         tenant.live = True
         if not defers:
             return _run(piece, holding)
-        with held_afterwards() as left:
-            reply = _run(piece, holding)
+        left = afterwards_held_here()
+        reply = _run(piece, holding)
         if not left:
             return reply
-        tenant.left = left
+        tenant.left = left.copy()
+        left.clear()
     return Answer(reply.kind, reply.header, reply.buffers, reply.said, reply.text,
                   functools.partial(settle, tenant))
 
 
-class _Turn:
-    """Locks taken in order and let go in reverse, as one context manager."""
+class _Both:
+    """Two locks as one: taken in order, let go in reverse."""
 
-    __slots__ = ("locks",)
+    __slots__ = ("first", "second")
 
-    def __init__(self, locks: tuple[Any, ...]):
-        self.locks = locks
+    def __init__(self, first: Any, second: Any):
+        self.first, self.second = first, second
 
     def __enter__(self) -> None:
-        for lock in self.locks:  # a connection's thread: no signal interrupts a wait here
-            lock.acquire()
+        self.first.acquire()  # a connection's thread: no signal interrupts a wait here
+        self.second.acquire()
 
     def __exit__(self, *exc: Any) -> None:
-        for lock in reversed(self.locks):
-            lock.release()
+        self.second.release()
+        self.first.release()
 
 
 def settle(tenant: Tenant) -> None:
