@@ -601,18 +601,29 @@ class Split(Learning):
     Not where the step must be seen before the answer goes: an Audit reads the update
     it made, and a shared trainer steps among its clients' gradients."""
 
+    _cleared = False  # the gradients were cleared after the last step, for the next group
+
     def learn(self, signal: torch.Tensor | None, ctx: Ctx) -> Any:
         optimizer = self.optimizer
-        if self.opens():
+        if self.opens() and not self._cleared:
             optimizer.zero_grad()
+        self._cleared = False
         if signal is not None:
             self.waiting().backward(signal)
         given = self.done()
         if self.closes():
             if self._audit is None and self._group is None:
-                ctx.afterwards(optimizer.step)
+                ctx.afterwards(self._step)
             else:
                 optimizer.step()
         if isinstance(given, torch.Tensor) and given.grad is not None:
             return given.grad
         return None
+
+    def _step(self) -> None:
+        """The step that closes a group, and the clearing that the next one opens with,
+        both after the answer: a group that closes is always followed by one that opens."""
+        optimizer = self.optimizer
+        optimizer.step()
+        optimizer.zero_grad()
+        self._cleared = True
