@@ -133,7 +133,7 @@ def test_work_a_node_leaves_for_afterwards_runs_after_its_answer_and_before_the_
         assert time.monotonic() - began < 1.0
         assert g.forward(0, broker=broker) == 1  # ...which ran before the next slice
         assert time.monotonic() - began >= 1.5
-        # the client had said nothing meanwhile: no heartbeat followed the answer
+        # the connection serves on: another graph's slice, once this one's work is done
         assert counting().forward(0, broker=broker) == 1
 
 
@@ -165,7 +165,6 @@ def test_work_left_for_afterwards_that_fails_is_the_next_slices_error_naming_the
         # said once: the slice refused did not run, and the next ones do
         assert [g.forward(0, broker=broker), g.forward(0, broker=broker)] == [0, 1]
     assert "the work it left for after its answer failed" in worker.wait_log("ValueError")
-
 
 
 def test_a_socket_link_counts_the_bytes_each_way(standing):
