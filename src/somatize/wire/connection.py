@@ -312,17 +312,22 @@ class Connection:
             size = self._reply(reply, nodes)
             took = time.perf_counter() - began
         finally:
-            if reply.settle is not None:  # what the nodes left for after their answer
-                self.settling = True  # before busy: no beat may see busy alone
-                self.busy_since = time.monotonic()
-                try:
-                    reply.settle()
-                finally:
-                    self.busy_since = None
-                    self.settling = False
+            if reply.settle is not None:
+                self._settle(reply.settle)
         if reply.kind == "done" and size and say.routine_too:
             say.routine("%s: slice %s ran in %.1f ms, answered %d bytes", self.name, nodes,
                         took * 1e3, size)
+
+    def _settle(self, settle: Callable[[], None]) -> None:
+        """Runs what a slice's nodes left for after its answer, now it has gone: busy
+        for the heartbeat, which waits for the client's next request (``_may_beat``)."""
+        self.settling = True  # before busy: no beat may see busy alone
+        self.busy_since = time.monotonic()
+        try:
+            settle()
+        finally:
+            self.busy_since = None
+            self.settling = False
 
     def _reply(self, reply: Any, nodes: Any) -> int:
         """Sends a slice's answer and returns its size; one larger than the client takes
