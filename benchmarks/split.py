@@ -117,34 +117,42 @@ def fill(n):
             sys.exit(0)
         got += k
     return buf
-def tensor(n):
-    return torch.frombuffer(fill(n), dtype=torch.float32).view(rows, width)
+def tensor(buf):
+    return torch.frombuffer(buf, dtype=torch.float32).view(rows, width)
 size = rows * width * 4
 body = torch.nn.Linear(width, width)
 for p in body.parameters():
     p.data.copy_(torch.frombuffer(fill(p.numel() * 4), dtype=torch.float32).view(p.shape))
 opt = torch.optim.SGD(body.parameters(), lr=0.01)
 while True:
-    x = tensor(size).requires_grad_()
+    got = fill(size)  # mark: worker read slice
+    x = tensor(got).requires_grad_()  # mark: worker walks
     y = torch.relu(body(x))
-    c.sendall(y.detach().numpy().data)
-    g = tensor(size)
+    out = y.detach().numpy().data  # mark: worker walked, worker sends done
+    c.sendall(out)  # mark: worker sent done
+    got = fill(size)  # mark: worker read slice
+    g = tensor(got)  # mark: worker walks
     opt.zero_grad()
     y.backward(g)
-    c.sendall(x.grad.numpy().data)  # what the client waits for, then the step: as ours
-    opt.step()
+    out = x.grad.numpy().data  # mark: worker walked, worker sends done
+    c.sendall(out)  # mark: worker sent done
+    opt.step()  # after what the client waits for, as a somatize worker steps
 """
 
 
 class PlainSplit:
     """The split of ``model(width)`` in plain torch: encoder and head here, the body in a
-    process of its own, reached over one socket (through the link, if there is one)."""
+    process of its own, reached over one socket (through the link, if there is one).
+    ``server`` is the body's program (``timeline.py`` runs one that marks its moments,
+    at the lines of ``PLAIN`` that say ``# mark:``)."""
+
+    server = PLAIN
 
     def __init__(self, width, rows):
         g = model(width)
         self.encoder, body, self.head = (g.implementation(n).lin for n in ("encoder", "body", "head"))
         self.optimizer = torch.optim.SGD([*self.encoder.parameters(), *self.head.parameters()], lr=0.01)
-        self.proc = subprocess.Popen([sys.executable, "-c", PLAIN, str(width), str(rows)],
+        self.proc = subprocess.Popen([sys.executable, "-c", self.server, str(width), str(rows)],
                                      stdout=subprocess.PIPE)
         port = int(self.proc.stdout.readline())
         self.link = LinkProcess(LINK, ("127.0.0.1", port)) if LINK else None
@@ -155,22 +163,28 @@ class PlainSplit:
             self.sock.sendall(p.detach().numpy().data)
         self.shape, self.size = (rows, width), rows * width * 4
 
-    def _tensor(self):
+    def _fill(self):
         buf = bytearray(self.size)
         view, got = memoryview(buf), 0
         while got < self.size:
             got += self.sock.recv_into(view[got:])
-        return torch.frombuffer(buf, dtype=torch.float32).view(self.shape)
+        return buf
+
+    def _tensor(self):
+        return torch.frombuffer(self._fill(), dtype=torch.float32).view(self.shape)
+
+    def _send(self, tensor):
+        self.sock.sendall(tensor.numpy().data)
 
     def step(self, b):
         x, y = b
         self.optimizer.zero_grad()
         h = torch.relu(self.encoder(x))
-        self.sock.sendall(h.detach().numpy().data)
+        self._send(h.detach())
         made = self._tensor().requires_grad_()
         loss = torch.nn.functional.mse_loss(torch.relu(self.head(made)), y)
         loss.backward()
-        self.sock.sendall(made.grad.numpy().data)
+        self._send(made.grad)
         h.backward(self._tensor())
         self.optimizer.step()
         return loss.item()
