@@ -398,9 +398,10 @@ def main():
     print(f"{'size':14}{'one piece':>12}{'split':>12}{'split/one':>11}{'plain':>12}"
           f"{'split/plain':>13}{'torch rpc':>12}{'split/rpc':>11}")
     for name, (one, split, bare) in ours.items():
-        rpc = anchor.get(name, float("nan"))
+        rpc = anchor.get(name)  # none with --no-rpc: said so, rather than printed as nan
+        against = f"{rpc * 1e3:10.2f}ms{split / rpc:10.2f}x" if rpc else f"{'skipped':>12}{'':11}"
         print(f"{name:14}{one * 1e3:10.2f}ms{split * 1e3:10.2f}ms{split / one:10.2f}x"
-              f"{bare * 1e3:10.2f}ms{split / bare:12.2f}x{rpc * 1e3:10.2f}ms{split / rpc:10.2f}x")
+              f"{bare * 1e3:10.2f}ms{split / bare:12.2f}x{against}")
     one, split, bare = ours["tiny"]
     print(f"fixed cost of a split step (tiny model): {(split - one) * 1e6:.0f} µs over one piece; "
           f"plain torch over a raw socket pays {(bare - one) * 1e6:.0f} µs, so ours is "
@@ -457,8 +458,11 @@ def print_linked(ours, piped, anchor):
                     ("plain torch over a raw socket", bare, floor),
                     ("split micro=4, one after another", plain, floor_micro),
                     ("split micro=4, pipelined", overlapped, floor_piped),
-                    ("torch rpc through the same link", anchor.get(name, float("nan")), floor)]
+                    ("torch rpc through the same link", anchor.get(name), floor)]
         for label, took, bound in rows_out:
+            if took is None:  # torch rpc, with --no-rpc
+                print(f"  {label:34}{'skipped':>10}")
+                continue
             if bound is None:
                 print(f"  {label:34}{took * 1e3:8.2f}ms{'':10}{'':9}{'':12}")
                 continue
