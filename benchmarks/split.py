@@ -167,7 +167,13 @@ class PlainSplit:
         buf = bytearray(self.size)
         view, got = memoryview(buf), 0
         while got < self.size:
-            got += self.sock.recv_into(view[got:])
+            n = self.sock.recv_into(view[got:])
+            if not n:  # rather than wait forever on a socket that has closed
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.proc.wait(5)
+                raise ConnectionError(f"the plain body's process closed its socket "
+                                      f"(its exit code: {self.proc.returncode})")
+            got += n
         return buf
 
     def _tensor(self):

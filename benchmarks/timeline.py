@@ -99,22 +99,13 @@ def marked_plain(path: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    import torch
-
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from split import PlainSplit, batch, model
-
-    from somatize import Broker, Worker
-    from somatize.torch import Split, Trainer, parameters
+def plain_marked(width: int, rows: int, path: str):
+    """``split.PlainSplit`` marking the moments ours does: its sends and reads here (in
+    ``MARKS``), and its body's there (``marked_plain``, written to ``path``)."""
+    from split import PlainSplit
 
     class MarkedPlain(PlainSplit):
-        """The plain split, marking the moments ours does: its sends and reads here,
-        and (``marked_plain``) the body's there."""
-
-        def __init__(self, width: int, rows: int, path: str):
-            self.server = marked_plain(path)
-            super().__init__(width, rows)
+        server = marked_plain(path)
 
         def _send(self, tensor):
             MARKS.append((time.perf_counter_ns(), "here sends slice"))
@@ -126,6 +117,18 @@ def main() -> None:
             MARKS.append((time.perf_counter_ns(), "here read done"))
             return buf
 
+    return MarkedPlain(width, rows)
+
+
+def main() -> None:
+    import torch
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from split import batch, model
+
+    from somatize import Broker, Worker
+    from somatize.torch import Split, Trainer, parameters
+
     torch.set_num_threads(1)
     steps = 100 if "--quick" in sys.argv else 400
     folder = tempfile.mkdtemp()
@@ -135,7 +138,7 @@ def main() -> None:
     data = [batch(16, 8) for _ in range(50)]
     worker = Worker.spawn([sys.executable, os.path.abspath(__file__), "--worker", ours_at],
                           mode="network", send=["split"])
-    plain = MarkedPlain(16, 8, plain_at)
+    plain = plain_marked(16, 8, plain_at)
     windows: dict[str, list] = {"ours": [], "plain": []}
     with worker:
         cut = model(16, "w")
