@@ -9,12 +9,14 @@ answer, ``interleaved`` when two contenders must share whatever the machine does
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["best", "block", "cycled", "interleaved", "median", "per_call", "steps_per_second"]
+__all__ = ["best", "block", "cpu_seconds", "cycled", "interleaved", "median", "per_call",
+           "steps_per_second"]
 
 
 def _times(fn: Callable[[], Any], repeat: int, warm: int) -> list[float]:
@@ -88,3 +90,13 @@ def interleaved(contenders: dict[str, Callable[[int], Any]], rounds: int, count:
         for name, fn in contenders.items():
             times[name].append(per_call(fn, count))
     return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds (user and system) that process ``pid`` has used, as ``/proc`` says:
+    another process's share of a contest, which its own clock cannot time from here.
+    The kernel counts it in clock ticks (10 ms on most Linux), so a block must last many
+    of them for the figure to mean anything."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()  # past the name, which may hold spaces
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

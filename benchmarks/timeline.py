@@ -29,6 +29,8 @@ import sys
 import tempfile
 import time
 
+from _bench import cpu_seconds
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 MARKS: list[tuple[int, str]] = []
@@ -187,16 +189,11 @@ def far_marks(path: str) -> list[tuple[int, str]]:
 def cpu_per_step(step, data, pid: int, steps: int) -> tuple[float, float]:
     """CPU seconds per step, in microseconds, of this process and of the far one (from
     /proc, so whatever else the machine runs is not counted)."""
-    tick = os.sysconf("SC_CLK_TCK")
-
-    def far_cpu() -> float:
-        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / tick
-    began, there = time.process_time(), far_cpu()
+    began, there = time.process_time(), cpu_seconds(pid)
     for i in range(steps * 4):
         step(data[i % len(data)])
     return ((time.process_time() - began) / steps / 4 * 1e6,
-            (far_cpu() - there) / steps / 4 * 1e6)
+            (cpu_seconds(pid) - there) / steps / 4 * 1e6)
 
 
 def timeline(windows: list, there: list) -> tuple[list[str], list[float], float, int]:

@@ -43,7 +43,7 @@ import torch
 import somatize.torch  # noqa: F401  (the tensor codec)
 from somatize import Graph, Node, Opaque, Worker
 
-from _bench import median
+from _bench import cpu_seconds, median
 
 QUICK = "--quick" in sys.argv
 TINY = 300 if QUICK else 2000
@@ -182,14 +182,12 @@ def zero_copy_worker() -> None:
 
 
 # -- the tiny round trip, beside the echo ---------------------------------------------
-def cpu_seconds(pid: int) -> float | None:
-    """CPU seconds (user and system) that process ``pid`` has used, where ``/proc`` says."""
+def far_cpu(pid: int) -> float | None:
+    """``cpu_seconds`` of process ``pid``, or None where ``/proc`` no longer says."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rpartition(")")[2].split()
+        return cpu_seconds(pid)
     except OSError:
         return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def worker_process() -> tuple[subprocess.Popen, Worker]:
@@ -230,10 +228,10 @@ def tiny_numbers(rounds: int = 5) -> dict[str, dict[str, float]]:
         for _ in range(rounds):
             for name, (fn, pid) in contenders.items():
                 count = counts[name]
-                wall, here, there = time.perf_counter(), time.process_time(), cpu_seconds(pid)
+                wall, here, there = time.perf_counter(), time.process_time(), far_cpu(pid)
                 for _ in range(count):
                     fn()
-                after = cpu_seconds(pid)
+                after = far_cpu(pid)
                 seen[name]["wall"].append((time.perf_counter() - wall) / count)
                 seen[name]["here"].append((time.process_time() - here) / count)
                 seen[name]["there"].append(float("nan") if after is None else (after - there) / count)

@@ -34,6 +34,8 @@ import somatize
 from somatize import Graph, Node, Worker
 from somatize.wire import protocol
 
+from _bench import cpu_seconds
+
 QUICK = "--quick" in sys.argv
 TOKEN = "a-token-for-the-safety-benchmark-0123456789"
 
@@ -71,8 +73,7 @@ class Standing:
         return len(os.listdir(f"/proc/{self.proc.pid}/task"))
 
     def cpu(self) -> float:
-        fields = open(f"/proc/{self.proc.pid}/stat").read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return cpu_seconds(self.proc.pid)
 
     def connect(self) -> socket.socket:
         return socket.create_connection(("127.0.0.1", self.port), timeout=30)
