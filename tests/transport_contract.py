@@ -78,6 +78,14 @@ class TransportContract:
             failing.forward(0, broker={"h": place})
         assert caught.value.node == "later" and caught.value.host == "h"
 
+    def test_a_session_that_keeps_nothing_takes_another_catalog(self, place):
+        session = Broker({"h": place}).session()  # keeps nothing, as a plain graph's
+        count = Graph.somatize(nodes.Count().named("c").at("h"))
+        twice = Graph.somatize(nodes.Twice().named("t").at("h"))
+        assert count.forward(0, broker=session) == 1
+        assert twice.forward(3, broker=session) == 6
+        assert count.forward(0, broker=session) == 1  # made again from its first copy
+
     def test_a_restart_is_said_to_a_session_that_keeps_state(self, place):
         broker = Broker({"h": place})
         kept, plain = broker.session(keeps=True), broker.session()

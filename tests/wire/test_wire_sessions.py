@@ -41,13 +41,17 @@ def test_a_session_that_keeps_state_is_never_provisioned_again(standing):
         assert [g.forward(0, broker=kept) for _ in range(3)] == [1, 2, 3]
         plain = counting()
         assert plain.forward(0, broker=broker) == 1
-        counting().forward(0, broker=broker)  # a third session: the oldest idle one goes
+        # a third session: the one that keeps nothing goes first, and is made again
+        counting().forward(0, broker=broker)
         worker.wait_log("to make room")
+        assert g.forward(0, broker=kept) == 4
+        assert plain.forward(0, broker=broker) == 1
+        # once every session held keeps state, the oldest idle one goes, and says so
+        for _ in range(2):
+            counting().forward(0, broker=broker.session(keeps=True))
         with pytest.raises(StateLost, match="--max-sessions") as caught:
             g.forward(0, broker=kept)
         assert caught.value.host == "w" and caught.value.nodes == ["count"]
-        # a session that keeps nothing is made again, as its first copy says
-        assert plain.forward(0, broker=broker) in (1, 2)
 
 
 def test_a_session_idle_past_the_lease_is_let_go_and_said(standing):

@@ -233,7 +233,7 @@ class SocketLink(Link):
                 raise state_lost(host, where, tenancy, reply.header.get("gone")
                                  or "the worker holds its session no more")
             self._request(host, "provision", {**head, "kind": staged.kind, "r": staged.runtime,
-                                              "k": tenancy.keeps}, [staged.blob], sealed=True)
+                                              "keeps": tenancy.keeps}, [staged.blob], sealed=True)
             reply = self._answer(host, "while receiving its catalog")
         if reply.kind == "error":
             raise catalog_refused(host, where, reply.header)

@@ -273,7 +273,7 @@ class Connection:
             return
         self.busy_since = None
         try:
-            self.server.sessions.install(session, head["c"], graph, bool(head.get("k")))
+            self.server.sessions.install(session, head["c"], graph, head.get("keeps") is True)
         except Refused as exc:
             self._refuse_session(exc)
             return
