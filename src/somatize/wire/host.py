@@ -477,16 +477,19 @@ def _settled(tenant: Tenant) -> None:
     for node, work in left:
         try:
             work()
-        except Exception as exc:
+        except BaseException as exc:  # noqa: BLE001  (a node's exit is not this host's)
             if tenant.failed is not None:  # one said already; this one is in the log
                 say.block(f"node {node!r}: the work it left for after its answer failed "
                           f"too: {exc}", traceback_text(exc))
                 continue
+            serves = ("" if isinstance(exc, Exception) else
+                      "; a worker does not stop for a node's "
+                      f"{type(exc).__name__} (it serves on)")
             error = NodeError(
                 f"node {node!r} left work for after its answer (Ctx.afterwards), and it "
-                f"raised {type(exc).__name__}: {exc}; the slice after it did not run, since "
-                "the node's state is what that work left; fix the work, or do it in forward",
-                node=str(node), kind=type(exc).__name__)
+                f"raised {type(exc).__name__}: {exc}{serves}; the slice after it did not "
+                "run, since the node's state is what that work left; fix the work, or do "
+                "it in forward", node=str(node), kind=type(exc).__name__)
             error.__cause__ = exc
             tenant.failed = failed(error, [], f"node {node!r}: the work it left for after its "
                                               f"answer failed: {exc}")
