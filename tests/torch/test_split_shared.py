@@ -34,11 +34,12 @@ class Client:
     """One data holder: its encoder and head here, the shared body on the worker, its
     own connection to it, and copies of where it started, for the replay."""
 
-    def __init__(self, worker, key, optimizer, seed, body_seed, width=6):
+    def __init__(self, worker, key, optimizer, seed, body_seed, width=6, relu=True, micro=1,
+                 every=1):
         torch.manual_seed(seed)
         encoder, head = Lin(8, 8), None
         torch.manual_seed(body_seed)
-        body = Lin(8, width)
+        body = Lin(8, width) if relu else Lin(8, width, relu=False)
         torch.manual_seed(seed + 100)
         head = Lin(width, 1, relu=False)
         self.start = {"encoder": copy.deepcopy(encoder.lin), "body": copy.deepcopy(body.lin),
@@ -51,7 +52,8 @@ class Client:
                         token=worker.token)
         self.trainer = Trainer(g, objective=mse, trains=trains,
                                broker=Broker.embedded({"gpu": own}),
-                               optimizer=optimizer(parameters(g, without=trains), lr=lr))
+                               optimizer=optimizer(parameters(g, without=trains), lr=lr),
+                               micro=micro, every=every)
         self.data = batches(5, seed=seed)
         self.losses = []
 
@@ -243,6 +245,33 @@ def test_a_client_unlike_the_shared_trainer_is_refused_naming_both(worker):
     first.step(1)
     events = checked_against_replay([first], torch.optim.SGD, first=0)
     assert len(events) == 6
+
+
+def test_a_client_whose_node_computes_otherwise_is_refused_naming_both(worker):
+    # the same class, shapes and optimizer: only what the node was built with differs
+    key = uuid.uuid4().hex
+    first = Client(worker, key, torch.optim.SGD, seed=0, body_seed=7)
+    first.step(0)
+    other = Client(worker, key, torch.optim.SGD, seed=1, body_seed=7, relu=False)
+    with pytest.raises(DeclarationError, match="computes one function") as caught:
+        other.step(0)
+    said = str(caught.value)
+    assert "splitnets.Lin(8, 6)" in said and "splitnets.Lin(8, 6, relu=False)" in said
+    first.step(1)  # and the first trains on as if alone
+    assert len(checked_against_replay([first], torch.optim.SGD, first=0)) == 6
+
+
+def test_a_client_cutting_its_steps_into_pieces_joins_at_the_same_cadence(worker):
+    key = uuid.uuid4().hex
+    first = Client(worker, key, torch.optim.SGD, seed=0, body_seed=7)
+    first.step(0)
+    pieces = Client(worker, key, torch.optim.SGD, seed=1, body_seed=7, micro=2)
+    pieces.step(0)  # one update a step, as the first's
+    slower = Client(worker, key, torch.optim.SGD, seed=2, body_seed=7, micro=2, every=2)
+    with pytest.raises(DeclarationError, match="an update every 2 of the Trainer's steps"):
+        slower.step(0)
+    said = [e for _, e in pieces.trainer.shared_order("body")["order"]]
+    assert said.count("update") == 2
 
 
 def test_a_shared_trainer_that_runs_here_warns_and_trains_alone():

@@ -43,6 +43,7 @@ import functools
 import math
 import warnings
 from collections.abc import Callable, Mapping
+from fractions import Fraction
 from typing import Any
 
 import torch
@@ -240,6 +241,7 @@ class Learning(Node):
     _audit: Any = None  # an Audit of the node, watched by hand where it runs
     _audited_as = ""
     _pieces = 1  # learn calls that make one of the Trainer's steps (its micro)
+    _micro = 1  # the same, as the Trainer said it when it set the steps per update
     _piece = 0
     _shared: str | None = None  # the key it shares its node and optimizer under, if any
     _group: Any = None  # the Shared it joined on the host it runs on (_shared)
@@ -292,15 +294,22 @@ class Learning(Node):
         self._audit, self._audited_as, self._pieces = audit, node_id, pieces
         return self
 
-    def accumulating(self, every: int | None) -> Learning:
-        """How many steps go into one update, unless this technique said already."""
+    def accumulating(self, every: int | None, micro: int = 1) -> Learning:
+        """How many steps go into one update, unless this technique said already, and
+        how many of those (``micro`` pieces) make one of the Trainer's steps."""
         if self._every is None:
             self._every = every
+        self._micro = micro
         return self
 
     def steps_per_update(self) -> int:
         """How many ``learn`` calls make one update of its optimizer."""
         return self._every or 1
+
+    def cadence(self) -> Fraction:
+        """How many of the Trainer's steps make one update: the update's rhythm as the
+        user wrote it, whatever pieces each step is cut into."""
+        return Fraction(self.steps_per_update(), self._micro)
 
     # -- what a technique reads -----------------------------------------------------
     def training(self) -> list[torch.nn.Parameter]:

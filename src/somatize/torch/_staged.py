@@ -144,10 +144,10 @@ class StagedDriver:
     """Drives one Trainer's graph stage by stage; see the module's docstring."""
 
     def __init__(self, graph: Graph, trains: Mapping[str, Learning], *, broker: Any,
-                 store: Any, steps_per_update: int):
+                 store: Any, steps_per_update: int, micro: int = 1):
         self.trains = dict(trains)
         for learning in self.trains.values():
-            learning.accumulating(steps_per_update)
+            learning.accumulating(steps_per_update, micro)
         data, self.origin = rewired(graph.data(), self.trains)
         self.private = Graph.from_data(data)
         positions = {m for n in self.trains for m in Positions(n).all}
