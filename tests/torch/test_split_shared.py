@@ -274,6 +274,44 @@ def test_a_client_cutting_its_steps_into_pieces_joins_at_the_same_cadence(worker
     assert said.count("update") == 2
 
 
+def rss(pid):
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) << 10 for line in status if line.startswith("VmRSS"))
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc for memory")
+def test_shared_trainers_nobody_trains_stay_within_the_workers_sessions():
+    token = "shared-memory-" + "5" * 20
+    proc = subprocess.Popen([sys.executable, "-m", "somatize.worker", "--listen", "127.0.0.1:0",
+                             "--quiet", "--max-sessions", "4"],
+                            env={**os.environ, "SOMATIZE_TOKEN": token},
+                            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    try:
+        addr = proc.stdout.readline().split()[-1]
+
+        def run():  # a closed run of its own key, whose body and Adam hold about 12 MiB
+            g = Graph.somatize(Lin(8, 1024).named("encoder") >> Lin(1024, 1024).named("body")
+                               .at("gpu") >> Lin(1024, 1, relu=False).named("head"))
+            trains = {"body": Split(torch.optim.Adam, lr=1e-3, shared=uuid.uuid4().hex)}
+            with Worker.at(addr, mode="network", send=["splitnets"], token=token) as w:
+                t = Trainer(g, objective=mse, trains=trains, broker=Broker.embedded({"gpu": w}),
+                            optimizer=torch.optim.SGD(parameters(g, without=trains), lr=0.1))
+                x, y = batches(1, seed=0)[0]
+                t.step((x, y))
+                t.close()
+
+        for _ in range(8):  # past the four the worker may hold, and its allocator warm
+            run()
+        held = rss(proc.pid)
+        for _ in range(12):  # kept, they would grow it by 144 MiB
+            run()
+        grown = rss(proc.pid) - held
+        assert grown < 36 << 20, f"the worker grew by {grown >> 20} MiB over 12 closed runs"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_a_shared_trainer_that_runs_here_warns_and_trains_alone():
     torch.manual_seed(0)
     g = Graph.somatize(Lin(8, 8).named("encoder") >> Lin(8, 6).named("body")

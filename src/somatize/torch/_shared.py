@@ -100,9 +100,9 @@ class Shared:
             self.drain()
             self.lock.notify_all()
 
-    def idle_for(self, now: float) -> float:
-        """How long nobody has trained it; 0 while some session holds it."""
-        return 0.0 if self.members else now - self.used
+    def idle_for(self, now: float) -> float | None:
+        """How long nobody has trained it; None while some session holds it."""
+        return None if self.members else now - self.used
 
     # -- a step, as the sessions' trainers take it ----------------------------------------
     @property

@@ -148,10 +148,24 @@ class Sharing:
         with self.lock:
             for key, shared in list(self.table.items()):
                 idle = shared.idle_for(now)
-                if idle > lease:
+                if idle is not None and idle > lease:
                     del self.table[key]
                     say("shared %r let go: nobody trained it for %.0f s (--session-lease %g)",
                         key, idle, lease)
+
+    def trim(self, room: int, most: int) -> None:
+        """Keeps at most ``room`` of what no session shares any more, letting the
+        longest idle go first: each holds a node and its optimizer's state as a
+        session does, so each counts against the host's ``most`` sessions, and goes
+        before any session does."""
+        with self.lock:
+            now = time.monotonic()
+            idle = sorted(((shared.idle_for(now), key) for key, shared in self.table.items()
+                           if shared.idle_for(now) is not None), reverse=True)
+            for seconds, key in idle[:max(0, len(idle) - room)]:
+                del self.table[key]
+                say("shared %r let go after nobody trained it for %.0f s, to keep within "
+                    "%d sessions (--max-sessions)", key, seconds, most)
 
 
 class Refused(Exception):
@@ -304,10 +318,18 @@ class Sessions:
             self._leaving.append(tenant.shares)
 
     def _let_go(self) -> None:
-        """What the sessions just forgotten shared stops being shared; called with the
-        sessions' lock released, as the sharing lock is taken after it, never before."""
-        while self._leaving:
-            self.sharing.left(self._leaving.pop())
+        """What the sessions just forgotten shared stops being shared, and what nobody
+        shares any more is kept within the room the sessions leave; called with the
+        sessions' lock released, as the sharing lock is taken after it, never before.
+        The list is taken whole under the lock, since several connections' threads
+        may let go at once."""
+        with self._lock:
+            leaving, self._leaving = self._leaving, []
+            room = self.most - len(self._held)
+        for shares in leaving:
+            self.sharing.left(shares)
+        if self.sharing.table:
+            self.sharing.trim(room, self.most)
 
 
 def _held_nodes(graph: Any) -> str:
