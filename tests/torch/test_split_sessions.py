@@ -152,6 +152,30 @@ def test_a_closed_trainer_lets_go_of_its_session_there(worker):
     assert kept["body"].keys() == {"lin.weight", "lin.bias"}
 
 
+def test_a_trainer_closed_after_its_connection_dropped_still_ends_its_session(tmp_path):
+    log = tmp_path / "worker.log"
+    with Worker.generic(mode="network", send=["splitnets"], log=log) as w:
+        t = trainer(w)
+        t.step(batches(1)[0])
+        w.link.close()  # the connection is gone; the session outlives it
+        t.close()
+        said = log.read_text()
+        assert "closed by its owner" in said, said[-2000:]
+        with pytest.raises(StateLost, match="its owner closed it"):
+            t.step(batches(1)[0])
+
+
+def test_a_trainer_closed_where_its_worker_is_gone_warns_and_trains_no_more():
+    w = Worker.generic(mode="network", send=["splitnets"])
+    t = trainer(w)
+    t.step(batches(1)[0])
+    w.close()  # the worker process ends with it
+    with pytest.warns(RuntimeWarning, match="could not be told to end session"):
+        t.close()
+    with pytest.raises(StateLost, match="its owner closed it"):  # said here, nothing dialled
+        t.step(batches(1)[0])
+
+
 def test_a_scripts_class_is_named_by_the_users_id_not_a_made_one():
     class Body(Lin):
         pass

@@ -185,6 +185,7 @@ def test_a_socket_link_counts_the_bytes_each_way(standing):
         # what was sent grew by at least the value, and the answer came back small
         assert then["sent"] - first["sent"] >= len(big)
         assert then["received"] - first["received"] < 2_000
+        assert w.traffic() == then  # the place counts every link it has: here, one
     assert Worker.in_process().link.traffic() is None  # a link that counts nothing says so
 
 
@@ -200,3 +201,19 @@ def test_a_broker_lets_go_of_a_graph_its_user_let_go_of():
     # a session per graph, kept as long as the graph lives: the last one included
     assert [form() for form in forms] == [None, None]
     assert Graph.somatize(Shout().at("w")).forward("c", broker=broker) == "C"
+
+
+def test_a_session_lives_as_long_as_its_owner_not_its_graph(standing):
+    worker = standing()
+    with Worker.at(worker.addr, token=TOKEN) as w:
+        broker = Broker({"w": w})
+        g = counting()
+        sessions = []
+        for _ in range(3):  # short-lived sessions, one graph that outlives them all
+            session = broker.session()
+            assert g.forward(0, broker=session) == 1
+            sessions.append(weakref.ref(session))
+        del session
+        gc.collect()
+        assert [s() for s in sessions] == [None, None, None]
+        assert g.forward(0, broker=broker.session()) == 1

@@ -404,7 +404,8 @@ class Learning(Node):
                 raise DeclarationError(
                     f"node {me!r} is trained shared={self._shared!r}, and nothing in this "
                     "process starts a shared trainer; import somatize.torch on the worker")
-            group = sharing.table[self._shared] = _STARTS[0](self._shared, self, me, sharing.lock)
+            group = sharing.table[self._shared] = _STARTS[0](self._shared, self, me, sharing.lock,
+                                                             sharing.patience)
         else:
             group.admit(self, me)
         mine = self._node

@@ -20,7 +20,8 @@ it happened (``order``), which is what a single process replays to get the very 
 numbers. With clients taking turns nothing ever waits, and this is ordinary training.
 
 A client that stops mid-step (its process died) would hold every other client back;
-after ``PATIENCE`` seconds the waiting ones move on, and the stalled client's
+after the worker's patience (``--shared-patience``, ``PATIENCE`` seconds by default) the
+waiting ones move on, and the stalled client's
 activations are let go of, so its late gradient is refused as out of step rather
 than computed through weights that moved.
 """
@@ -49,8 +50,10 @@ class Shared:
     node and optimizer of whichever session came first, and what every session that
     joined since has in flight. Touched only under the host's sharing lock."""
 
-    def __init__(self, key: str, first: Any, node_id: str, lock: Any):
+    def __init__(self, key: str, first: Any, node_id: str, lock: Any,
+                 patience: float = PATIENCE):
         self.key, self.node_id, self.lock = key, node_id, lock
+        self.patience = patience
         self.node = first.node
         self.technique = type(first)
         self.factory = first.factory
@@ -125,7 +128,7 @@ class Shared:
         waits while updates do, so they go before its forward reads the weights."""
         if learning.in_flight() or not self.waiting:
             return
-        if not self.lock.wait_for(lambda: not self.waiting, timeout=PATIENCE):
+        if not self.lock.wait_for(lambda: not self.waiting, timeout=self.patience):
             self._stalled(label)
 
     def log(self, label: str, event: str) -> None:
@@ -175,9 +178,10 @@ class Shared:
         (their late gradients are refused), and the queue goes."""
         for other, member in self.members.items():
             if other != label and member.in_flight():
-                member.forget(f"the shared trainer {self.key!r} waited {PATIENCE:g} s for "
-                              "this client's gradient while other clients' updates were due, "
-                              "and let its activations go")
+                member.forget(f"the shared trainer {self.key!r} waited {self.patience:g} s "
+                              "for this client's gradient while other clients' updates were "
+                              "due, and let its activations go (the worker's "
+                              "--shared-patience)")
                 self.log(other, "dropped")
         self.drain()
 

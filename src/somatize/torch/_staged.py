@@ -183,7 +183,8 @@ class StagedDriver:
         them is said (``StateLost``) rather than made good from the first copy."""
         backend = self._backend
         opens = getattr(backend, "session", None)
-        return opens(keeps=True) if callable(opens) else backend
+        shares = any(learning.shared is not None for learning in self.trains.values())
+        return opens(keeps=True, shares=shares) if callable(opens) else backend
 
     def renew(self) -> None:
         """Starts this driver's session afresh (a resume after its state was lost):

@@ -109,9 +109,10 @@ class Sharing:
     takes it: the slices of unrelated sessions run side by side.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, patience: float = 30.0) -> None:
         self.table: dict[str, Any] = {}
         self.lock = threading.Condition()
+        self.patience = patience  # how long a slice waits for other sessions' (seconds)
 
     def joined(self, graph: Any, session: bytes) -> tuple[Any, tuple]:
         """``graph`` with what its nodes share put in, and the nodes that share."""
@@ -124,7 +125,7 @@ class Sharing:
         with self.lock:
             for impl in sharers:
                 try:
-                    put = impl.share_on(self, graph.impls, session.hex()[:12])
+                    put = impl.share_on(self, graph.impls, session.hex())
                 except BaseException:  # all of a catalog shares, or none of it
                     for joined in shares:
                         joined.unshare()
@@ -183,13 +184,14 @@ class Sessions:
     is let go; a session let go is remembered as gone, with the reason, so its owner
     is told rather than handed a fresh copy of what it had."""
 
-    def __init__(self, most: int = 64, lease: float = 86400.0, routine: Any = None):
+    def __init__(self, most: int = 64, lease: float = 86400.0, routine: Any = None,
+                 patience: float = 30.0):
         self.most, self.lease = most, lease
         self._routine = say.routine if routine is None else routine  # the everyday lines
         self._held: collections.OrderedDict[bytes, Tenant] = collections.OrderedDict()
         self._gone: collections.OrderedDict[bytes, str] = collections.OrderedDict()
         self._lock = threading.Lock()
-        self.sharing = Sharing()
+        self.sharing = Sharing(patience)
         self._leaving: list[tuple] = []  # what sessions forgotten under the lock shared
         # Every slice looks its session up, and a look at every session held for one
         # idle past the lease is a walk over all of them: it is taken at most every

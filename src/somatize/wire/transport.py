@@ -49,13 +49,15 @@ class Staged:
 @dataclass(eq=False)
 class Tenancy:
     """One client session on one host, as this client knows it: its id, whether its
-    owner keeps state there (a Trainer's trainers), the catalog staged for it, and
+    owner keeps state there (a Trainer's trainers) and shares it with other clients
+    (a shared trainer, whose slices wait there for theirs), the catalog staged for it, and
     what the host was last known to hold for it (which catalog, in which process, and
     whether a slice has run there since)."""
 
     session: bytes
     keeps: bool = False
     staged: Staged | None = None
+    shares: bool = False  # its slices may wait there for other clients' (a shared trainer)
     declared: str | None = None
     instance: str | None = None
     live: bool = False
@@ -233,6 +235,22 @@ class Place:
     def link(self) -> Link:
         """The client's end of this place's transport, which every slice for it uses."""
         return self._link
+
+    def link_for(self, tenancy: Tenancy) -> Link:
+        """The link a session's slices go over: the place's own, unless the transport
+        must carry a session whose slices wait there for other clients' (``shares``)
+        apart from the rest, lest another session's request queue behind one that is
+        waiting for it."""
+        return self._link
+
+    def end(self, tenancy: Tenancy) -> None:
+        """Tells the host the session's owner is done with it (see ``Link.end``)."""
+        self.link_for(tenancy).end(tenancy)
+
+    def traffic(self) -> dict[str, int] | None:
+        """What every link of this place carried over its life (``Link.traffic``), or
+        None where the transport does not count it."""
+        return self._link.traffic()
 
     @property
     def wire(self) -> bytes:
