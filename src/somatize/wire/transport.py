@@ -316,6 +316,9 @@ class RemoteTraceback(Exception):
         super().__init__(text)
         self.text, self.host = text, host
 
+    def __reduce__(self) -> tuple[Any, ...]:  # pickle's default gives the text alone
+        return RemoteTraceback, (self.text, self.host)
+
     def __str__(self) -> str:
         return f"on host {self.host!r}:\n{self.text.rstrip()}"
 
