@@ -70,3 +70,20 @@ class Meets(Lin):
                 raise RuntimeError("no other forward ran meanwhile")
             time.sleep(0.01)
         return super().forward(x, ctx)
+
+
+class Broken(Lin):
+    """A layer whose forward raises, as a user's node with a bug would."""
+
+    def forward(self, x, ctx):
+        raise RuntimeError("broken on purpose")
+
+
+class Forges(Lin):
+    """A layer that hands on its output dressed as a narrowed tensor naming a type that
+    is not a floating one, as a hostile or mismatched peer would."""
+
+    def forward(self, x, ctx):
+        from somatize.torch._learning import NARROWED
+
+        return {NARROWED: [Opaque(super().forward(x, ctx).value), "int64"]}
