@@ -87,3 +87,27 @@ class Forges(Lin):
         from somatize.torch._learning import NARROWED
 
         return {NARROWED: [Opaque(super().forward(x, ctx).value), "int64"]}
+
+
+class Loud(Lin):
+    """A layer whose answers reach past float16's largest value (65504)."""
+
+    def forward(self, x, ctx):
+        return Opaque(super().forward(x, ctx).value * 1e5)
+
+
+class _LoudBack(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 1e9
+
+
+class LoudBack(Lin):
+    """A layer whose gradient for its input reaches past float16's largest value."""
+
+    def forward(self, x, ctx):
+        return Opaque(self.lin(_LoudBack.apply(x)).relu())
