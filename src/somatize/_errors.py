@@ -29,7 +29,8 @@ ValueError`` keeps working for code that has never heard of somatize::
     └── OutOfStep               RuntimeError a gradient for an activation that is gone
 
 Foreign exceptions are translated at one boundary each (the walk, the store, the
-wire); nothing else catches broadly.
+wire); nothing else catches broadly. Every one pickles with its fields
+(``SomaError.__reduce__``), so it crosses a process boundary as itself.
 """
 
 from __future__ import annotations
