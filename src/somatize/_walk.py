@@ -254,8 +254,9 @@ def mapped_answer(prog: Program, i: int, items: list[Any], out: Any) -> list[Any
     if not isinstance(out, list) or len(out) != len(items):
         what = f"{len(out)} items" if isinstance(out, list) else f"a {type(out).__qualname__}"
         raise walk_error(EdgeError(
-            f"node {made_from(prog.ids[i])!r} is .mapped(): handed {len(items)} items it answered with "
-            f"{what}; a mapped node answers with a list as long as its input, item for item"
+            f"node {made_from(prog.ids[i])!r} is .mapped(): handed {len(items)} items it "
+            f"answered with {what}; a mapped node answers with a list as long as its input, "
+            "item for item"
         ))
     return out
 

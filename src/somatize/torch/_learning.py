@@ -137,7 +137,8 @@ def overflowed(value: Any) -> int:
     if type(value) is not dict or NARROWED not in value:
         return 0
     carried = value[NARROWED]
-    return int(carried[2]) if len(carried) > 2 else 0
+    lost = carried[2] if isinstance(carried, (list, tuple)) and len(carried) > 2 else 0
+    return lost if type(lost) is int else 0  # a count, or nothing said
 
 
 def widened(value: Any) -> Any:
