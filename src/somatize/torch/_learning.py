@@ -25,6 +25,9 @@ and the gradient it answers, what it makes and the gradient it is handed, each s
 a narrower floating type (bf16 or fp16) and widened back on arrival to the type it had.
 A narrowed tensor travels as ``{"__soma_narrowed__": [tensor, "float32"]}``, so the
 side that receives it tells it from a value by one dict lookup, as an envelope is told.
+Where narrowing to float16 made infinities of finite values, a third item says how
+many (``overflowed``): the side that narrowed may be a worker, whose warnings nobody
+reads, so the Trainer's driver warns its user wherever the overflow happened.
 Both ends round the same way whether the node runs here or on a worker, so a run here
 and the same run there stay ``==``; against full precision they differ by the rounding,
 which is why it is never on unless asked for.
@@ -41,7 +44,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-import warnings
 from collections.abc import Callable, Mapping
 from fractions import Fraction
 from typing import Any
@@ -52,7 +54,7 @@ from .._errors import DeclarationError, OutOfStep, whole_number
 from .._node import Ctx, Node, Opaque
 
 __all__ = ["Enters", "Learning", "Split", "answers", "carries", "envelope", "gradient",
-           "is_envelope", "narrowed", "narrowing", "widened"]
+           "is_envelope", "narrowed", "narrowing", "overflowed", "widened"]
 
 KEY = "__soma_envelope__"
 HEALTH = "__soma_health__"  # beside an envelope: the health facts of the trainers it passed
@@ -110,34 +112,41 @@ def narrowing(compress: Any, of: str = "Learning") -> torch.dtype | None:
 
 def narrowed(value: Any, dtype: torch.dtype | None) -> Any:
     """``value`` as it crosses a cut that compresses to ``dtype``: a floating tensor
-    wider than ``dtype`` goes narrowed, marked with the type it had; anything else (a
-    tensor already as narrow, integers, None) goes as it is."""
+    wider than ``dtype`` goes narrowed, marked with the type it had (and how many of its
+    finite values became inf, if any did); anything else (a tensor already as narrow,
+    integers, None) goes as it is."""
     if (dtype is None or not isinstance(value, torch.Tensor) or not value.is_floating_point()
             or value.element_size() <= dtype.itemsize):
         return value
     narrow = value.detach().to(dtype)
+    carried = [Opaque(narrow), str(value.dtype).removeprefix("torch.")]
+    # float16 ends at 65504 and what lies beyond becomes inf; a finite sum says none did,
+    # in one cheap pass (an infinite one may be the sum's own overflow, so count)
     if dtype is torch.float16 and not math.isfinite(narrow.sum().item()):
-        _overflowed(value, narrow)  # a finite sum says none did, in one cheap pass
-    return {NARROWED: [Opaque(narrow), str(value.dtype).removeprefix("torch.")]}
+        lost = int((torch.isinf(narrow) & torch.isfinite(value.detach())).sum())
+        if lost:
+            carried.append(lost)
+    return {NARROWED: carried}
 
 
-def _overflowed(value: torch.Tensor, narrow: torch.Tensor) -> None:
-    """Warns where narrowing to float16 made infinities of finite values: float16 ends
-    at 65504, and what lies beyond arrives as inf (its sum alone may overflow, so the
-    values are counted before anything is said)."""
-    lost = int((torch.isinf(narrow) & torch.isfinite(value)).sum())
-    if lost:
-        warnings.warn(
-            "compress='fp16': values crossing the cut lie beyond float16's range "
-            "(65504) and arrive as inf; compress='bf16' sends the same bytes with "
-            "float32's range", RuntimeWarning, stacklevel=2)
+def overflowed(value: Any) -> int:
+    """How many finite values became inf where ``value`` (what ``narrowed`` made, or an
+    envelope carrying it) was narrowed to float16; 0 for anything else."""
+    if type(value) is dict and KEY in value:
+        value = value[KEY][0]
+        value = value.value if type(value) is Opaque else value
+    if type(value) is not dict or NARROWED not in value:
+        return 0
+    carried = value[NARROWED]
+    lost = carried[2] if isinstance(carried, (list, tuple)) and len(carried) > 2 else 0
+    return lost if type(lost) is int else 0  # a count, or nothing said
 
 
 def widened(value: Any) -> Any:
     """What ``narrowed`` sent, back in the type it had; any other value as it is."""
     if type(value) is not dict or NARROWED not in value:
         return value
-    carried, name = value[NARROWED]
+    carried, name = value[NARROWED][:2]
     tensor = carried.value if type(carried) is Opaque else carried
     dtype = getattr(torch, name, None) if type(name) is str else None
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:

@@ -22,6 +22,7 @@ there, not here, and nobody asked for them to learn.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,7 +36,8 @@ from .._plan import stages
 from .._slices import runner_of, finish
 from .._transpose import Back, backward
 from ._audit import Audit
-from ._learning import HEALTH, Learning, envelope, gradient, narrowed, widened
+from ._checks import outside_somatize
+from ._learning import HEALTH, Learning, envelope, gradient, narrowed, overflowed, widened
 from ._weights import ASKING, LOADING
 
 __all__ = ["StagedDriver", "rewired"]
@@ -124,11 +126,13 @@ class Stage:
         # What crosses into this stage narrowed: a value handed in whose every taker
         # here is a trainer that compresses, all to one type (anyone else takes it whole).
         self.narrowing: dict[str, Any] = {}
+        self.takers: dict[str, str] = {}  # the first trainer here that takes it, to name
         for p in self.outside:
             takers = [s for s in succs[p] if s in inside]
             kinds = {trains[n].compress for n in self.trainers if enters[n] in takers}
             if len(kinds) == 1 and len(takers) == sum(enters[n] in takers for n in self.trainers):
                 self.narrowing[p] = kinds.pop()
+                self.takers[p] = next(n for n in self.trainers if enters[n] in takers)
         self.narrows = [self.narrowing.get(p) for p in self.outside]  # in the given order
         self.compress = [trains[n].compress for n in self.back_given]
         # whether what this stage answers may come narrowed (a trainer here compresses)
@@ -264,8 +268,8 @@ class StagedDriver:
                 leaves, values = _NOTHING, ()
             else:
                 leaves = {p: _fresh(produced[p]) for p in stage.outside}
-                values = ([Opaque(narrowed(leaf, dtype))
-                           for leaf, dtype in zip(leaves.values(), stage.narrows)]
+                values = ([Opaque(self._narrowed(leaf, dtype, stage.takers.get(p), "given"))
+                           for (p, leaf), dtype in zip(leaves.items(), stage.narrows)]
                           if stage.narrowing else [Opaque(leaf) for leaf in leaves.values()])
             answer = walk.run(one, x, values, broker, store if k == 0 else None, later)
             if later:
@@ -275,6 +279,7 @@ class StagedDriver:
                 answer = answer.result()
             if stage.widens:
                 for n, v in answer.items():
+                    self._said_overflow(v, n, "made")
                     produced[n] = widened(v)
             else:
                 produced.update(answer)
@@ -312,7 +317,8 @@ class StagedDriver:
             if back is not None:
                 behind = 0 if pipe is None else pipe.behind(k, numbers[k])
                 answers = back.run(one, {n: envelope(owed.get(n) if dtype is None else
-                                                     narrowed(owed.get(n), dtype), behind=behind)
+                                                     self._narrowed(owed.get(n), dtype, n, "handed"),
+                                                     behind=behind)
                                          for n, dtype in zip(stage.back_given, stage.compress)},
                                    broker, later)
                 if later:
@@ -320,6 +326,7 @@ class StagedDriver:
                         yield
                     answers = answers.result()
                 for entry, producer in stage.entries:
+                    self._said_overflow(answers[entry], entry, "answered")
                     _add(owed, producer, gradient(answers[entry], _device(produced[producer])))
                 self._heard(answers)
             tensors, grads = [], []
@@ -385,6 +392,29 @@ class StagedDriver:
         backend = runner_of(self.broker)
         return bool(getattr(backend, "ordered", False))
 
+    def _narrowed(self, value: Any, dtype: Any, node: str | None, crossing: str) -> Any:
+        """``narrowed``, here, on its way to the trainer of ``node``; said if it overflowed."""
+        sent = narrowed(value, dtype)
+        if node is not None:
+            self._said_overflow(sent, node, crossing)
+        return sent
+
+    def _said_overflow(self, value: Any, node: str, crossing: str) -> None:
+        """Warns the user where ``value`` crossed the cut of ``node`` with finite values
+        made inf by float16, whichever side narrowed it: a worker that did would say so
+        only in its own log, and the user here would see a nan loss and nothing else."""
+        lost = overflowed(value)
+        if not lost:
+            return
+        user = self._user(node)
+        host = self.private.hosts().get(node)
+        warnings.warn(
+            f"compress='fp16': {lost} values of {_CROSSINGS[crossing]} node {user!r}"
+            f"{f' (on host {host!r})' if host else ''} lie beyond float16's range (65504) and "
+            "crossed the cut as inf; compress='bf16' sends the same bytes with float32's "
+            "range, or leave compress out to send them whole",
+            RuntimeWarning, stacklevel=outside_somatize())
+
     def _heard(self, answers: dict[str, Any]) -> None:
         """Keeps the health facts that came back beside the gradients, with the host
         of the trainer that measured them."""
@@ -405,6 +435,9 @@ class StagedDriver:
                                  node, pieces)
 
 
+# What crosses a trained node's cut, by the way it goes: what an overflow warning names.
+_CROSSINGS = {"given": "the activation given to", "made": "the output of",
+              "handed": "the gradient handed to", "answered": "the gradient answered by"}
 _NOTHING: dict[str, Any] = {}  # what a stage handed nothing was handed (read, never written)
 
 

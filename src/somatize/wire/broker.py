@@ -19,7 +19,7 @@ from typing import Any
 
 from .._dsl import is_host_name
 from .._errors import DeclarationError, Lost, UnwritableError, WireError
-from .._graph import made_from
+from .._graph import made_from, user_ids
 from .._slices import Outcome, Runner, Shape, Slice, stands_for
 from .._walk import LostValue
 from .catalog import catalog_id, pack_values, runtime_of
@@ -299,7 +299,7 @@ class Session(Runner):
         trees, refused = pack_values(values, buffers)
         if refused:
             pred, why = next(iter(refused.items()))
-            readers = [n for n in shape.nodes if pred in data.preds[n]]
+            readers = user_ids(n for n in shape.nodes if pred in data.preds[n])
             raise UnwritableError(
                 f"the output of node {pred!r} cannot travel to host {shape.host!r}, where "
                 f"{', '.join(map(repr, readers))} read{'s' if len(readers) == 1 else ''} it: {why}")
@@ -319,7 +319,7 @@ class Session(Runner):
 def _stranded(data: Any, pred: str, value: LostValue, nodes: Any, host: str) -> Lost:
     readers = [n for n in nodes if pred in data.preds[n]]
     return Lost(
-        f"node {readers[0] if readers else nodes[0]!r} on host {host!r} reads the output "
+        f"node {made_from(readers[0] if readers else nodes[0])!r} on host {host!r} reads the output "
         f"of {pred!r}, which stayed on host {value.host!r}: {value.why}. Place them on "
         f"one worker, or make {pred!r} answer with something that can travel",
         node=pred, host=value.host)

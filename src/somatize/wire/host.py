@@ -22,7 +22,7 @@ from typing import Any, Callable, NamedTuple
 
 from .._engine import run_slice
 from .._errors import NodeError, ProtocolError, SomaError
-from .._graph import made_from
+from .._graph import made_from, user_ids
 from .._node import Opaque, afterwards_held_here
 from .._slices import Shape, Slice
 from .catalog import build, catalog_id, pack_values, unpack_values
@@ -526,23 +526,23 @@ def _run(piece: Slice, holding: Holding) -> Answer:
     try:
         out = run_slice(piece.shape.data, piece, facts)
     except Exception as exc:  # the one boundary where a slice's failure is translated
-        return failed(exc, facts, f"slice {list(piece.shape.nodes)} failed after "
+        return failed(exc, facts, f"slice {user_ids(piece.shape.nodes)} failed after "
                                   f"{(time.perf_counter() - began) * 1e3:.1f} ms: {exc}")
     except (KeyboardInterrupt, SystemExit) as exc:  # a node's, not this worker's to obey
-        node, kind = getattr(exc, "soma_node", piece.shape.nodes[0]), type(exc).__name__
+        named = user_ids(piece.shape.nodes)
+        node, kind = getattr(exc, "soma_node", named[0]), type(exc).__name__
         error = NodeError(
             f"node {node!r} raised {kind}({exc}) on the worker; a worker does not stop for a "
             f"node's {kind} (it serves on): raise an ordinary exception to fail a slice",
             node=node, kind=kind)
         error.__cause__ = exc
-        return failed(error, facts, f"slice {list(piece.shape.nodes)}: node {node!r} raised {kind}; "
-                                    "serving on")
+        return failed(error, facts, f"slice {named}: node {node!r} raised {kind}; serving on")
     buffers: list[Any] = []
     try:
         trees, refused = pack_values(out, buffers)
     except Exception as exc:  # a codec that failed otherwise than by refusing
-        return failed(exc, facts, f"slice {list(piece.shape.nodes)} ran, and its outputs could not "
-                                  f"be packed: {exc}")
+        return failed(exc, facts, f"slice {user_ids(piece.shape.nodes)} ran, and its outputs "
+                                  f"could not be packed: {exc}")
     for node in refused:
         holding.held[node] = out[node]
     header: dict[str, Any] = {"v": trees}
