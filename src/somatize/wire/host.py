@@ -12,6 +12,7 @@ so a slice runs one way whichever way it came.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -22,14 +23,16 @@ from typing import Any, Callable, NamedTuple
 
 from .._engine import run_slice
 from .._errors import NodeError, ProtocolError, SomaError
+from .._verbs import END, RANDOM, SEEDING, VERBS
 from .._graph import made_from, user_ids
 from .._node import Opaque, afterwards_held_here
 from .._slices import Shape, Slice
 from .catalog import build, catalog_id, pack_values, unpack_values
 from .log import say
 
-__all__ = ["Answer", "Holding", "Refused", "Sessions", "Sharing", "SliceForm", "Tenant",
-           "answer", "provisioned", "refused_catalog", "short", "slice_form"]
+__all__ = ["Answer", "Holding", "Refused", "Resident", "Sessions", "Sharing", "SliceForm",
+           "Tenant", "answer", "control", "provisioned", "refused_catalog", "short",
+           "slice_form"]
 
 # The engine's own bracket of a walk; the client brackets the forward itself.
 _BRACKET = frozenset(("began", "finished"))
@@ -73,8 +76,8 @@ class Tenant:
     owner said it keeps state here, whether a slice has run in it since, and the nodes
     of it that share something with other sessions (``Sharing``)."""
 
-    __slots__ = ("catalog", "failed", "graph", "keeps", "left", "live", "lock", "shapes",
-                 "shares", "turn", "used")
+    __slots__ = ("catalog", "failed", "graph", "keeps", "left", "live", "lock", "owns",
+                 "random", "shapes", "shares", "turn", "used")
 
     def __init__(self, catalog: str, graph: Any, keeps: bool, shares: tuple = (),
                  sharing: Sharing | None = None):
@@ -92,6 +95,144 @@ class Tenant:
         # The slices its forms make in its catalog (SliceForm.shape): kept with the
         # session, so that what it held goes when it goes, whoever's connection asked.
         self.shapes: dict[tuple, Shape] = {}
+        # Whether its owner gave it a random state of its own (``Resident``), and that
+        # state while another is in the process's generators.
+        self.owns = False
+        self.random: Any = None
+
+
+class Resident:
+    """Whose random state the process's generators hold, so that a session that owns
+    one — its owner seeded it or restored it (a verb in ``_verbs.SEEDING``) — draws
+    from it alone, and another client's seed, resume or dropout never moves it.
+
+    torch, Python and numpy draw from one generator each per process, which every node
+    uses without being handed one; so an owned state is swapped in around the session's
+    slices and verbs (``within``), and only when another's is in: on a worker nothing
+    else draws between two slices, so one client's steps in a row swap nothing. A host
+    in the client's own process puts the process's own state back after each call
+    (``stays=False``), since the client draws from it between them.
+
+    While an owned state is in, nothing else runs: one such session's slice at a time,
+    and none of the others (``exclusive``), since any draw would move it. The sessions
+    that own none draw from the process's own state, as every session did before,
+    side by side (``shared``). A slice that waits for other sessions' (a shared
+    trainer) lets them run meanwhile (``Sharing``'s lock hands its turn over) and takes
+    its own state back when it wakes."""
+
+    def __init__(self) -> None:
+        self.who: Tenant | None = None  # whose owned state is in; None: the process's own
+        self.own: Any = None  # the process's own state, while a session's is in
+        self._turns = threading.Condition()
+        self._drawing = 0  # slices of sessions that own no state, under way
+        self._alone = False  # a slice of a session that owns one is under way
+        self._queued = 0  # such slices waiting for the others to end
+        self._holder = threading.local()  # what this thread holds, for a wait
+
+    @contextlib.contextmanager
+    def within(self, tenant: Tenant, stays: bool = True, alone: bool = False) -> Any:
+        """The process's generators hold ``tenant``'s state (or the process's own, for
+        a session that owns none) while this runs; ``alone`` runs it alone even so (a
+        seeding verb, whose state becomes the session's, starting from the process's
+        own)."""
+        if not RANDOM:  # nothing that draws is loaded here: nothing to swap
+            yield
+            return
+        self._take(tenant, alone or tenant.owns)
+        try:
+            yield
+        finally:
+            self._give(stays)
+
+    def owned(self, tenant: Tenant) -> None:
+        """``tenant`` owns the state it runs within from now on: a seeding verb ran in
+        it, alone (``within(..., alone=True)``), so that state is the one in."""
+        tenant.owns = True
+
+    def _take(self, tenant: Tenant, alone: bool) -> None:
+        with self._turns:
+            if alone:
+                self._queued += 1
+                while self._alone or self._drawing:
+                    self._turns.wait()
+                self._queued -= 1
+                self._alone = True
+                self._enter(tenant)
+            else:
+                while self._alone or self._queued:
+                    self._turns.wait()
+                if self.who is not None:  # nobody draws now: the owned state goes out
+                    self._home()
+                self._drawing += 1
+            self._holder.held = (tenant, alone)
+
+    def _give(self, stays: bool = True) -> None:
+        with self._turns:
+            tenant, alone = self._holder.held
+            self._holder.held = None
+            if alone:
+                if not stays:
+                    self._home()
+                self._alone = False
+            else:
+                self._drawing -= 1
+            self._turns.notify_all()
+
+    def holding(self) -> tuple[Tenant, bool] | None:
+        """What this thread holds: its session, and whether it runs alone; or None."""
+        return getattr(self._holder, "held", None)
+
+    def hand_over(self) -> tuple[Tenant, bool] | None:
+        """Lets the others run while this thread waits (see ``Sharing``)."""
+        held = self.holding()
+        if held is not None:
+            self._give()
+        return held
+
+    def take_back(self, held: tuple[Tenant, bool] | None) -> None:
+        if held is not None:
+            self._take(*held)
+
+    def _enter(self, tenant: Tenant) -> None:
+        """Puts ``tenant``'s owned state in, keeping whoever's was there."""
+        if self.who is tenant:
+            return
+        take, put = RANDOM[0]
+        now = take()
+        if self.who is None:
+            self.own = now
+        else:
+            self.who.random = now
+        if tenant.random is not None:
+            put(tenant.random)
+        elif self.who is not None:  # a state of its own starts as the process's own
+            put(self.own)
+        tenant.random = None
+        self.who = tenant
+
+    def _home(self) -> None:
+        """Puts the process's own state back in."""
+        if self.who is not None:
+            take, put = RANDOM[0]
+            self.who.random = take()
+            put(self.own)
+            self.who, self.own = None, None
+
+
+class _Turns(threading.Condition):
+    """The sharing lock: a slice that waits on it for other sessions' lets them run
+    (and draw) meanwhile, and has its own random state back when it wakes."""
+
+    def __init__(self, resident: Resident) -> None:
+        super().__init__()
+        self.resident = resident
+
+    def wait(self, timeout: float | None = None) -> bool:
+        held = self.resident.hand_over()  # taken after this lock, never before: no cycle
+        try:
+            return super().wait(timeout)
+        finally:
+            self.resident.take_back(held)
 
 
 class Sharing:
@@ -109,9 +250,9 @@ class Sharing:
     takes it: the slices of unrelated sessions run side by side.
     """
 
-    def __init__(self, patience: float = 30.0) -> None:
+    def __init__(self, patience: float = 30.0, resident: Resident | None = None) -> None:
         self.table: dict[str, Any] = {}
-        self.lock = threading.Condition()
+        self.lock = _Turns(resident or Resident())
         self.patience = patience  # how long a slice waits for other sessions' (seconds)
 
     def joined(self, graph: Any, session: bytes) -> tuple[Any, tuple]:
@@ -191,7 +332,8 @@ class Sessions:
         self._held: collections.OrderedDict[bytes, Tenant] = collections.OrderedDict()
         self._gone: collections.OrderedDict[bytes, str] = collections.OrderedDict()
         self._lock = threading.Lock()
-        self.sharing = Sharing(patience)
+        self.resident = Resident()  # whose random state the process's generators hold
+        self.sharing = Sharing(patience, self.resident)
         self._leaving: list[tuple] = []  # what sessions forgotten under the lock shared
         # Every slice looks its session up, and a look at every session held for one
         # idle past the lease is a walk over all of them: it is taken at most every
@@ -261,7 +403,9 @@ class Sessions:
                     except Refused:
                         self._leaving.append(shares)
                         raise
-                self._held[session] = Tenant(ident, graph, keeps, shares, self.sharing)
+                fresh = self._held[session] = Tenant(ident, graph, keeps, shares, self.sharing)
+                if tenant is not None and tenant.owns and tenant.random is not None:
+                    fresh.owns, fresh.random = True, tenant.random  # the session's, not the catalog's
                 self._held.move_to_end(session)
                 self._gone.pop(session, None)
                 count = len(self._held)
@@ -405,7 +549,7 @@ def slice_form(head: Any) -> SliceForm:
 
 
 def answer(sessions: Sessions, head: Any, buffers: list[Any], holding: Holding,
-           form: SliceForm | None = None, defers: bool = False) -> Answer:
+           form: SliceForm | None = None, defers: bool = False, stays: bool = True) -> Answer:
     """Runs the slice a request header describes, here, against the catalog of the
     session it names (``s``): ``"need"`` when this host holds no such session, with
     why it is gone (``gone``) where it once held it. ``form`` is what the header would
@@ -414,6 +558,8 @@ def answer(sessions: Sessions, head: Any, buffers: list[Any], holding: Holding,
     A transport that ``defers`` promises to call the answer's ``settle`` once its reply
     has gone: the work the slice's nodes left for afterwards (``Ctx.afterwards``) waits
     until then. Otherwise that work runs inside the slice, as the nodes ask for it.
+    The slice draws from its session's random state (``Resident``); ``stays=False``
+    puts the process's own back after it (a host in the client's own process).
 
     A request that is not a slice of ours raises ProtocolError (the transport drops
     whoever sent it); anything the slice itself raises is answered as an error."""
@@ -449,7 +595,8 @@ def answer(sessions: Sessions, head: Any, buffers: list[Any], holding: Holding,
                 f"the output of node {ref!r} is no longer here: the worker kept it for one "
                 "forward, and it restarted or another forward began since")}, [])
         given[ref] = holding.held[ref] if transposed else Opaque(holding.held[ref])
-    with tenant.turn:  # its slices one at a time, and what it shares one slice at a time
+    # its slices one at a time, what it shares one slice at a time, its own random state
+    with tenant.turn, sessions.resident.within(tenant, stays):
         if tenant.left:  # what the last answer left, if nobody ran it yet
             _settled(tenant)
         if tenant.failed is not None:  # said once, in place of this slice
@@ -467,7 +614,7 @@ def answer(sessions: Sessions, head: Any, buffers: list[Any], holding: Holding,
         tenant.left = left.copy()
         left.clear()
     return Answer(reply.kind, reply.header, reply.buffers, reply.said, reply.text,
-                  functools.partial(settle, tenant))
+                  functools.partial(settle, tenant, sessions.resident))
 
 
 class _Both:
@@ -487,11 +634,61 @@ class _Both:
         self.first.release()
 
 
-def settle(tenant: Tenant) -> None:
+def settle(tenant: Tenant, resident: Resident) -> None:
     """Runs, in the session's turn, the work its last answer left (unless a slice of it
     came first and ran it): a transport calls this once that answer has gone."""
-    with tenant.turn:
+    with tenant.turn, resident.within(tenant):
         _settled(tenant)
+
+
+def control(sessions: Sessions, head: Any, buffers: list[Any], stays: bool = True) -> Answer:
+    """Answers a verb for the session a request header names (``s``): ``c`` the verb,
+    ``v`` its arguments as packed values. ``"need"`` (with why it is gone, where it
+    was held) when this host holds no such session: a verb never opens a session, nor
+    lets one go to make room. ``end`` lets the session go; any other verb is answered
+    by its handler (``_verbs.VERBS``) with the session's nodes, in the session's turn
+    and within its random state, as its slices run (``stays`` as in ``answer``).
+
+    A request that is not a verb of ours raises ProtocolError; whatever the handler
+    raises is answered as an error, with its traceback."""
+    session, name = head.get("s") if type(head) is dict else None, head.get("c")
+    if type(session) is not bytes or type(name) is not str:
+        raise ProtocolError("a control frame without its session or its verb")
+    if name == END:
+        return Answer("done", {"v": pack_values({"a": sessions.end(session)}, [])[0]}, [])
+    tenant, gone = sessions.lookup(session)
+    if tenant is None:
+        return Answer("need", {"gone": gone} if gone else {}, [])
+    handler = VERBS.get(name)
+    if handler is None:
+        return failed(NameError(
+            f"this host answers no verb {name!r} (it answers {sorted(VERBS) + [END]}); the "
+            "module that registers it is not imported here: import it on the worker "
+            "(somatize.torch registers its own)"), [])
+    try:
+        args = unpack_values(head.get("v", {}), buffers)
+        args = args.get("a") if type(args) is dict else None
+    except SomaError as exc:
+        return failed(exc, [])
+    seeds = name in SEEDING
+    with tenant.turn, sessions.resident.within(tenant, stays, alone=seeds):
+        if tenant.left:  # what the last slice left runs before anything reads its state
+            _settled(tenant)
+        try:
+            said = handler(tenant.graph.impls, args)
+        except Exception as exc:  # the one boundary where a verb's failure is translated
+            return failed(exc, [], f"verb {name!r} failed: {exc}")
+        if seeds:  # what it set is the session's own from now on
+            sessions.resident.owned(tenant)
+        back: list[Any] = []
+        try:
+            trees, refused = pack_values({"a": said}, back)
+        except Exception as exc:
+            return failed(exc, [], f"verb {name!r}: its answer could not be packed: {exc}")
+    if refused:
+        return failed(ProtocolError(f"verb {name!r} answered what cannot travel: "
+                                    f"{refused['a']}"), [])
+    return Answer("done", {"v": trees}, back)
 
 
 def _settled(tenant: Tenant) -> None:
