@@ -263,6 +263,7 @@ class Graph:
         self._declarations: dict[str, str] = {}
         self._unwritable: dict[str, str] = {}  # declarations that could not be written
         self._fingerprints: dict[str, str] = {}
+        self._away: dict[str, str] = {}  # nodes whose weights live elsewhere: why forward refuses
         self._data: GraphData | None = None
 
     # -- building -----------------------------------------------------------------
@@ -473,6 +474,15 @@ class Graph:
         self._frozen[_known(self._impl, node_id)] = state
         self.changed()
 
+    def trained_away(self, node_id: str, said: str) -> None:
+        """Says that ``node_id`` learns where it runs, held by something outside this
+        graph (a Trainer), so its object here keeps the weights it started with:
+        ``forward`` through a broker then refuses with ``said`` (which names who holds
+        the weights) rather than answer with weights that never learnt anything."""
+        if not isinstance(said, str) or not said:
+            raise DeclarationError(f"node {node_id!r}: say in words where its weights are")
+        self._away[_known(self._impl, node_id)] = said
+
     def frozen(self) -> dict[str, str | None]:
         """Which nodes are settled, and at what state (None where none was said)."""
         return dict(self.data().frozen)
@@ -549,6 +559,9 @@ class Graph:
         ``stamping`` adds its pairs to each fact; ``broker`` says where hosts are (a
         Broker, or ``{host: Worker}``).
         """
+        away = getattr(self, "_away", None)  # a graph pickled before it had one has none
+        if away and broker is not None:
+            raise DeclarationError(next(iter(away.values())))
         return _above["execute"](self, input, broker=broker, store=store,
                                  watching=watching, stamping=stamping)
 

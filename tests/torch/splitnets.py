@@ -36,6 +36,20 @@ class Drops(Lin):
         return Opaque(self.drop(self.lin(x)).relu())
 
 
+class Norms(Lin):
+    """A layer with a batch norm: its running statistics move in training mode only."""
+
+    def __init__(self, a, b):
+        super().__init__(a, b)
+        self.bn = torch.nn.BatchNorm1d(b)
+
+    def forward(self, x, ctx):
+        return Opaque(self.bn(self.lin(x)).relu())
+
+    def parameters(self):
+        return [*self.lin.parameters(), *self.bn.parameters()]
+
+
 class Dies(Lin):
     """A layer whose worker process ends at its ``at``-th forward, mid-step."""
 

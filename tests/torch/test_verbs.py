@@ -52,7 +52,7 @@ def test_a_worker_that_imports_somatize_torch_answers_every_verb():
     assert done.returncode == 0, done.stderr.decode()
     assert done.stdout.decode().strip() == str(sorted(
         ["weights", "load", "mode", "state", "restore", "random", "set_random", "seed",
-         "shared_order"]))
+         "shared_order", "evaluating"]))
 
 
 def test_each_verb_is_answered_by_its_features_handler():

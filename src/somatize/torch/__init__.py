@@ -32,6 +32,7 @@ from ._architecture import architecture, kind_of, traced
 from ._audit import Audit
 from ._checkpoint import VERBS as _CHECKPOINT_VERBS
 from ._codec import register as _register
+from ._evaluation import VERBS as _EVALUATION_VERBS
 from ._federated import fedavg, gather
 from ._learning import Learning, Split, envelope, gradient
 from ._learning import shared_by as _shared_by
@@ -48,7 +49,7 @@ from ._weights import freeze, parameters
 
 _register()
 for _name, _handler in {**_WEIGHTS_VERBS, **_CHECKPOINT_VERBS, **_RANDOM_VERBS,
-                         **_SHARED_VERBS}.items():
+                         **_SHARED_VERBS, **_EVALUATION_VERBS}.items():
     _verb(_name, _handler, seeds=_name in ("seed", "set_random"))
 del _name, _handler
 _draws(_taken, _put)

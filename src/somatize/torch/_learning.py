@@ -238,6 +238,7 @@ class Learning(Node):
     _compress: Any = None  # the narrower type what crosses its cut travels in, if any
     _narrows_out = False  # whether what it makes crosses a cut (the driver says)
     _crossed = False  # whether its input came across a cut narrowed (its gradient goes back so)
+    _evaluating = False  # a predict or evaluate is under way: its forwards hold nothing
 
     def __init__(self, optimizer: Callable[..., Any], *, every: int | None = None,
                  shared: str | None = None, compress: Any = None, **how: Any):
@@ -273,6 +274,13 @@ class Learning(Node):
         """Says whether what it makes crosses a cut (nothing beside it takes it where
         it runs), and so goes narrowed when it compresses; the driver knows, it does not."""
         self._narrows_out = bool(out) and self._compress is not None
+        return self
+
+    def evaluating(self, on: bool) -> Learning:
+        """Says whether what runs through it now is evaluated (``Trainer.predict``):
+        then its forwards keep no activation and owe nothing, so a step's state is as
+        it was, and what the node makes goes on detached, its autograd graph let go of."""
+        self._evaluating = bool(on)
         return self
 
     def audited(self, audit: Any, node_id: str, pieces: int = 1) -> Learning:
@@ -457,6 +465,9 @@ class Learning(Node):
         arrives is passed on to whoever fed the node."""
         if carries(value):
             return value
+        if self._evaluating:
+            value = widened(value)
+            return Opaque(value.detach()) if isinstance(value, torch.Tensor) else value
         arrived = value
         value = widened(value)
         self._crossed = value is not arrived
@@ -483,6 +494,10 @@ class Learning(Node):
         detached); an envelope is dL/d(that activation), to learn from."""
         if carries(value):
             return self._learn_from(value, ctx)
+        if self._evaluating:  # kept by nobody: what it made is all that goes on
+            if not isinstance(value, torch.Tensor):
+                return value
+            return Opaque(narrowed(value, self._compress) if self._narrows_out else value.detach())
         self._held = value
         if self._owed:
             self._owed[-1][1] = value

@@ -36,7 +36,7 @@ from .._graph import Graph, describe
 from .._node import Opaque
 from .._remember import open_store
 from ..store._store import check_name
-from .._slices import runner_of
+from .._slices import finish, runner_of
 from ._audit import audit_for
 from ._checks import (
     check_caches,
@@ -48,6 +48,7 @@ from ._checks import (
     watchers_of,
 )
 from ._checkpoint import Run, keep, kept_by, seed_all, take_up
+from ._evaluation import averaged, better, checked_metrics, detached, evaluated, number, rows_of
 from ._pipeline import pipelined, worthwhile
 from ._staged import StagedDriver
 from ._tensors import tensors_in
@@ -64,9 +65,13 @@ __all__ = ["Result", "Trainer"]
 
 @dataclass
 class Result:
-    """What a training run leaves behind: its losses, one per step, in order."""
+    """What a training run leaves behind: its losses, one per step, in order, and with
+    ``fit(validate=...)`` what each epoch's evaluation answered (``Trainer.evaluate``),
+    and the epoch (from 0) that did best by the chosen measure."""
 
     history: list[float] = field(default_factory=list)
+    validation: list[dict[str, float]] = field(default_factory=list)
+    best_epoch: int | None = None
 
     @property
     def loss(self) -> float | None:
@@ -135,6 +140,9 @@ class Trainer:
                                   steps_per_update=self._every * self._micro, micro=self._micro)
             self._told = self._staged.told(self._watching)
         _placed(broker, graph.hosts())  # after the stages' own refusals, which say more
+        for node, host in graph.hosts().items():
+            if node in trains:  # its object here keeps its first weights from now on
+                graph.trained_away(node, _stale(node, host))
         self._pass = Pass()  # the forward of the step under way, unwatched until one is
         self._graph = graph
         self._objective = objective
@@ -225,7 +233,9 @@ class Trainer:
         return True
 
     def fit(self, data: Iterable[Any], epochs: int = 1, *, checkpoint: Any = None,
-            checkpoint_every: int | None = None) -> Result:
+            checkpoint_every: int | None = None, validate: Iterable[Any] | None = None,
+            metrics: Mapping[str, Callable[[Any, Any], Any]] | None = None,
+            best: str = "loss", higher: bool = False, patience: int | None = None) -> Result:
         """One step per batch of ``data``, for ``epochs`` passes, then ``update()``.
 
         ``data`` is walked once per epoch, so with more than one it has to be walkable
@@ -241,9 +251,16 @@ class Trainer:
         the run stopped; ``data`` must give the same batches in the same order again (a
         shuffling DataLoader needs a generator of its own). The Result holds the steps
         this call took.
+
+        ``validate=batches`` evaluates them after each epoch's steps (``evaluate``, with
+        ``metrics``), into ``Result.validation``. The best epoch by ``best`` (the loss,
+        or a metric's name; lower is better unless ``higher``) is ``Result.best_epoch``,
+        and with a checkpoint it is kept under ``name + "/best"`` as it ends.
+        ``patience=k`` stops after ``k`` epochs in a row that did no better.
         """
         epochs = whole_number(epochs, "epochs", of="fit()")
         keeper = kept_by(checkpoint, checkpoint_every)
+        judge = _Judge(validate, metrics, best, higher, patience)
         try:
             walked = iter(data)
         except TypeError:
@@ -257,6 +274,7 @@ class Trainer:
                 "epoch with a fresh one"
             )
         history: list[float] = []
+        validation: list[dict[str, float]] = []
         # Only a sequence can have an epoch skipped without walking it: anything else
         # (a DataLoader) may draw its order as it is walked, so its batches are drawn.
         length = _length(data, 1) if isinstance(data, Sequence) else None
@@ -271,6 +289,12 @@ class Trainer:
                     if bar is not None:
                         bar.set_postfix(loss=f"{history[-1]:.4g}", refresh=False)
                         bar.update()
+                if judge.data is not None:
+                    validation.append(self.evaluate(judge.data, judge.metrics))
+                    if judge.improved(validation[-1], epoch) and checkpoint is not None:
+                        self.checkpoint(checkpoint[0], f"{checkpoint[1]}/best")
+                    if judge.exhausted():
+                        break
             if history or not resumed:  # a run whose steps were all taken ended before
                 updated = self.update()
                 if keeper is not None:
@@ -280,7 +304,7 @@ class Trainer:
                 keeper.join()  # whatever happened, no write goes on past fit()
             if bar is not None:
                 bar.close()
-        return Result(history)
+        return Result(history, validation, judge.best_epoch)
 
     def _untaken(self, batches: Iterable[Any], length: int | None, bar: Any) -> Iterable[Any]:
         """The batches of one epoch that a resumed run has not taken yet; those it took
@@ -297,6 +321,65 @@ class Trainer:
             self._skip -= 1
             if bar is not None:
                 bar.update()
+
+    # -- what was trained, used ------------------------------------------------------------
+    def predict(self, x: Any) -> Any:
+        """The graph's output for ``x`` with the weights as trained, wherever they live,
+        as a PyTorch user reads a trained model: every node in eval mode (here, and in
+        this Trainer's session on each worker, whose trainers keep no activation) and
+        no autograd graph kept. Each module's mode is put back as it was afterwards,
+        after an error too; nothing a step needs moves (a batch norm's running
+        statistics included), so predicting changes nothing that follows."""
+        with self._evaluated():
+            return self._predicted(x)
+
+    def evaluate(self, data: Iterable[Any],
+                 metrics: Mapping[str, Callable[[Any, Any], Any]] | None = None) -> dict[str, float]:
+        """``{"loss": ..., name: ...}``: the objective and each metric ``(output,
+        target) -> number`` over the batches ``(input, target)`` of ``data``, in eval
+        mode as ``predict`` runs, each batch weighing by its rows, so unequal batches
+        average to the mean over all rows (for a mean objective). Told to the watchers
+        as one ``evaluated`` fact, with the steps taken so far; changes nothing that
+        follows."""
+        measures = checked_metrics(metrics)
+        sums = dict.fromkeys(["loss", *measures], 0.0)
+        rows = 0
+        with self._evaluated():
+            for batch in data:
+                x, y, _ = _pieces(batch, 1)[0]
+                output = self._predicted(x)
+                if (isinstance(output, torch.Tensor) and isinstance(y, torch.Tensor)
+                        and y.device != output.device):
+                    y = y.to(output.device)
+                n = rows_of(y, output)
+                sums["loss"] += number(self._objective(output, y), "the objective") * n
+                for name, measure in measures.items():
+                    sums[name] += number(measure(output, y), f"metric {name!r}") * n
+                rows += n
+        said = averaged(sums, rows)
+        if self._watchers:
+            self._emit({"fact": "evaluated", "step": self._steps, "rows": rows, **said})
+        return said
+
+    def _evaluated(self) -> Any:
+        """Eval mode over this Trainer's nodes, here and on each worker it trains on."""
+        if self._staged is None:
+            here = {n: self._graph.implementation(n) for n in self._graph.nodes()}
+            return evaluated(here, (), self._staged)
+        impls, hosts = self._staged.private.data().impls, self._staged.private.hosts()
+        here = {n: impl for n, impl in impls.items() if n not in hosts}
+        return evaluated(here, sorted(set(hosts.values())), self._staged.control)
+
+    def _predicted(self, x: Any) -> Any:
+        x = x if type(x) is Opaque else Opaque(x)
+        one = Pass()  # not a step: nobody is told, and no step's state is touched
+        if self._staged is None:
+            with one:
+                output = one.run(self._graph, x, store=self._store, broker=self._broker)
+        else:
+            with one, _out_of_step():
+                _, output = finish(self._staged.forwarding(x, one))
+        return detached(output)
 
     # -- a run kept, and taken up again -------------------------------------------------
     def checkpoint(self, store: Any, name: str) -> str:
@@ -472,6 +555,46 @@ class Trainer:
             return {}
         hosts = self._graph.hosts()
         return {n: hosts[n] for n in self._staged.trains if n in hosts}
+
+
+class _Judge:
+    """What ``fit`` validates with, checked before the first step, and which epoch did
+    best by ``best``; ``patience`` epochs in a row without doing better end the fit."""
+
+    def __init__(self, data: Any, metrics: Any, best: str, higher: bool, patience: Any):
+        self.data = data
+        self.metrics = checked_metrics(metrics)
+        if data is None and (metrics is not None or patience is not None):
+            raise DeclarationError("fit() was given metrics= or patience=, which judge each "
+                                   "epoch's validation, and no validate=; give validate=batches")
+        if best != "loss" and best not in self.metrics:
+            raise DeclarationError(f"fit(best={best!r}) names no measure; it is 'loss' or one "
+                                   f"of metrics= ({sorted(self.metrics) or 'none given'})")
+        self.best, self.higher = best, bool(higher)
+        self.patience = None if patience is None else whole_number(patience, "patience",
+                                                                  of="fit()")
+        self.best_value: float | None = None
+        self.best_epoch: int | None = None
+        self.since = 0  # epochs since the best one
+
+    def improved(self, said: Mapping[str, float], epoch: int) -> bool:
+        if better(said[self.best], self.best_value, not self.higher):
+            self.best_value, self.best_epoch, self.since = said[self.best], epoch, 0
+            return True
+        self.since += 1
+        return False
+
+    def exhausted(self) -> bool:
+        return self.patience is not None and self.since >= self.patience
+
+
+def _stale(node: str, host: str) -> str:
+    """Why the graph itself refuses to run once ``node`` learns on ``host``."""
+    return (f"node {node!r} is trained on host {host!r} by a Trainer, and its copy here "
+            "still holds the weights it started with, so Graph.forward through a broker "
+            "would answer with weights that never learnt anything; use Trainer.predict(x), "
+            "which runs it with what was trained, or build the graph again and load "
+            "Trainer.export() into its nodes")
 
 
 # -- refusals when the Trainer is built --------------------------------------------------

@@ -1,0 +1,193 @@
+"""Using what was trained: eval mode wherever the nodes live, and averages over rows.
+
+``Trainer.predict`` and ``Trainer.evaluate`` run the graph the way a PyTorch user runs
+a trained model — ``model.eval()`` and ``torch.no_grad()`` — with the nodes spread over
+machines. Here that is a context manager (``evaluated``); on a worker it is a verb of
+the Trainer's session, ``evaluating``, which puts the session's modules in eval mode,
+tells its trainers to hold nothing while it lasts (``Learning.evaluating``), and
+answers each module's own flag, so that the verb that ends it puts every module back
+as it was (a batch norm the user keeps in eval mode inside a trained body stays so).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import torch
+
+from .._errors import DeclarationError
+from .._node import Opaque
+from ._learning import Learning
+from ._weights import modules_of
+
+__all__ = ["VERBS", "averaged", "checked_metrics", "detached", "evaluated", "evaluating_verb",
+           "put_back", "put_in_eval"]
+
+
+def _modules(nodes: Mapping[str, Any]) -> dict[str, list[torch.nn.Module]]:
+    """Every module each node holds, submodules included, in a fixed order, each under
+    the first node that holds it: a trainer's are those of the node it trains, which
+    also stands in the session under a made id, and two nodes may share a module."""
+    seen: set[int] = set()
+    found: dict[str, list[torch.nn.Module]] = {}
+    for node_id, impl in nodes.items():
+        target = impl.node if isinstance(impl, Learning) else impl
+        mine = []
+        for top in modules_of(target) if target is not None else ():
+            for module in top.modules():
+                if id(module) not in seen:
+                    seen.add(id(module))
+                    mine.append(module)
+        if mine:
+            found[node_id] = mine
+    return found
+
+
+def put_in_eval(nodes: Mapping[str, Any]) -> dict[str, list[bool]]:
+    """Puts every module of ``nodes`` in eval mode and every trainer among them in its
+    evaluating state; answers each node's modules' training flags as they were."""
+    flags = {}
+    for node_id, modules in _modules(nodes).items():
+        flags[node_id] = [m.training for m in modules]
+        for module in modules:
+            module.training = False  # each one's own flag: its children are listed too
+    for impl in nodes.values():
+        if isinstance(impl, Learning):
+            impl.evaluating(True)
+    return flags
+
+
+def put_back(nodes: Mapping[str, Any], flags: Mapping[str, list[bool]]) -> None:
+    """Undoes ``put_in_eval``: each module's flag as ``flags`` kept it, each trainer
+    training again."""
+    for impl in nodes.values():
+        if isinstance(impl, Learning):
+            impl.evaluating(False)
+    for node_id, modules in _modules(nodes).items():
+        kept = flags.get(node_id, ())
+        if len(modules) != len(kept):
+            raise DeclarationError(
+                f"node {node_id!r} holds {len(modules)} modules now and held {len(kept)} when "
+                "it was put in eval mode; a node's modules cannot change while it is evaluated")
+        for module, training in zip(modules, kept):
+            module.training = training
+
+
+def evaluating_verb(nodes: Mapping[str, Any], asked: Mapping[str, Any]) -> dict[str, list[bool]]:
+    """``evaluating``: with ``{"on": True}`` the session's nodes in eval mode, its
+    trainers holding nothing, answering the flags to give back; with ``{"on": False,
+    "flags": ...}`` everything as those flags say."""
+    if asked["on"]:
+        return put_in_eval(nodes)
+    put_back(nodes, asked["flags"])
+    return {}
+
+
+VERBS = {"evaluating": evaluating_verb}
+
+
+@contextlib.contextmanager
+def evaluated(here: Mapping[str, Any], hosts: Iterable[str],
+              ask: Callable[[str, str, Any], Any]):
+    """Eval mode over ``here`` (nodes in this process) and over the Trainer's session on
+    each of ``hosts`` (asked with ``ask(host, verb, args)``), without autograd here;
+    everything back as it was afterwards, after an error too. Where putting it back
+    fails as well, the first error is the one raised."""
+    kept: dict[str, Any] = {"": put_in_eval(here)}
+    try:
+        for host in hosts:
+            kept[host] = ask(host, "evaluating", {"on": True})
+        with torch.no_grad():
+            yield
+    except BaseException:
+        _restore(here, kept, ask, quiet=True)
+        raise
+    _restore(here, kept, ask, quiet=False)
+
+
+def _restore(here: Mapping[str, Any], kept: Mapping[str, Any],
+             ask: Callable[[str, str, Any], Any], *, quiet: bool) -> None:
+    failed: list[BaseException] = []
+    for host, flags in kept.items():
+        try:
+            if host == "":
+                put_back(here, flags)
+            else:
+                ask(host, "evaluating", {"on": False, "flags": flags})
+        except Exception as exc:  # the others are still put back
+            failed.append(exc)
+    if failed and not quiet:
+        raise failed[0]
+
+
+def detached(value: Any) -> Any:
+    """``value`` with every tensor in it detached, through tuples, lists, dicts and
+    Opaque, so nothing answered keeps a way back into the graph."""
+    if isinstance(value, torch.Tensor):
+        return value.detach()
+    if type(value) is Opaque:
+        return detached(value.value)
+    if isinstance(value, dict):
+        return {k: detached(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+        return type(value)(detached(v) for v in value)
+    return value
+
+
+def checked_metrics(metrics: Any) -> dict[str, Callable[[Any, Any], Any]]:
+    """``metrics`` as ``{name: function(output, target)}``; a name that is not a
+    string, ``loss`` (the objective's own), or something that cannot be called is
+    refused, naming it."""
+    if metrics is None:
+        return {}
+    if not isinstance(metrics, Mapping):
+        raise TypeError(f"metrics= maps names to functions of (output, target), such as "
+                        f"{{'accuracy': accuracy}}, not a {type(metrics).__qualname__}")
+    for name, function in metrics.items():
+        if type(name) is not str or not name or name == "loss":
+            raise DeclarationError(
+                f"metrics= names a metric {name!r}; give each a non-empty name of its own "
+                "('loss' is the objective's)")
+        if not callable(function):
+            raise TypeError(f"metric {name!r} is a {type(function).__qualname__}, which cannot "
+                            "be called; give a function of (output, target) answering a number")
+    return dict(metrics)
+
+
+def rows_of(target: Any, output: Any) -> int:
+    """How many rows a batch has: its target's first dimension (its output's where the
+    target is not a tensor)."""
+    for value in (target, output):
+        if isinstance(value, torch.Tensor) and value.dim():
+            return value.shape[0]
+    raise TypeError("evaluate() weighs each batch by its rows, the first dimension of its "
+                    f"target, and this target is a {type(target).__qualname__}; give a tensor")
+
+
+def number(value: Any, name: str) -> float:
+    """A metric's answer as a float: a number, or a tensor of one element."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise TypeError(f"{name} answered a tensor of shape {tuple(value.shape)}; it has "
+                            "to answer one number for the batch (reduce it, e.g. .mean())")
+        return value.item()
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    raise TypeError(f"{name} answered a {type(value).__qualname__}; it has to answer a number")
+
+
+def averaged(sums: Mapping[str, float], rows: int) -> dict[str, float]:
+    """Each sum of ``value * rows`` over the batches, over all the rows."""
+    if rows == 0:
+        raise ValueError("evaluate() was given no batches; give it (input, target) pairs")
+    return {name: total / rows for name, total in sums.items()}
+
+
+def better(value: float, best: float | None, lower: bool) -> bool:
+    """Whether ``value`` improves on ``best`` (None: nothing yet); nan never does."""
+    if math.isnan(value):
+        return False
+    return best is None or (value < best if lower else value > best)

@@ -1,0 +1,158 @@
+"""What was trained, used (somatize.torch._evaluation, through Trainer.predict, evaluate
+and fit(validate=...)): against the same model trained in one piece and run as PyTorch
+users run it, model.eval() and torch.no_grad(), with the trained body on a real worker
+process, a batch norm's running statistics and a dropout's random state included."""
+
+import copy
+
+import pytest
+import torch
+from splitnets import Drops, Lin, Norms
+
+from somatize import Broker, DeclarationError, Graph, NodeError, Worker
+from somatize.torch import Split, Trainer, parameters
+
+mse = torch.nn.functional.mse_loss
+
+
+@pytest.fixture(scope="module")
+def worker():
+    with Worker.generic(mode="network", send=["splitnets"]) as w:
+        yield w
+
+
+def net(body, host="gpu"):
+    torch.manual_seed(0)
+    return Graph.somatize(Lin(8, 8).named("encoder") >> body.named("body").at(host)
+                          >> Lin(6, 1, relu=False).named("head"))
+
+
+def split(worker, body=None, watching=None):
+    g = net(body or Norms(8, 6))
+    trains = {"body": Split(torch.optim.SGD, lr=0.1)}
+    return g, Trainer(g, objective=mse, trains=trains, broker=Broker.embedded({"gpu": worker}),
+                      watching=watching,
+                      optimizer=torch.optim.SGD(parameters(g, without=trains), lr=0.1))
+
+
+class Whole(torch.nn.Module):
+    """The same network as one PyTorch model, from the graph's first weights."""
+
+    def __init__(self, g):
+        super().__init__()
+        self.encoder = copy.deepcopy(g.implementation("encoder").lin)
+        body = g.implementation("body")
+        self.lin = copy.deepcopy(body.lin)
+        self.bn = copy.deepcopy(getattr(body, "bn", torch.nn.Identity()))
+        self.head = copy.deepcopy(g.implementation("head").lin)
+
+    def forward(self, x):
+        return self.head(self.bn(self.lin(self.encoder(x).relu())).relu())
+
+
+def batches(n, rows=16, seed=1):
+    generator = torch.Generator().manual_seed(seed)
+    return [(torch.randn(rows, 8, generator=generator), torch.randn(rows, 1, generator=generator))
+            for _ in range(n)]
+
+
+def whole_step(model, optimizer, batch):
+    optimizer.zero_grad()
+    loss = mse(model(batch[0]), batch[1])
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
+def test_predict_is_the_whole_model_under_eval_and_no_grad(worker):
+    g, t = split(worker)
+    model = Whole(g)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = batches(4)
+    assert [t.step(b) for b in data[:3]] == [whole_step(model, optimizer, b) for b in data[:3]]
+    x = data[3][0]
+    before = t.export()
+    predicted = t.predict(x)
+    model.eval()
+    with torch.no_grad():
+        expected = model(x)
+    model.train()
+    assert torch.equal(predicted, expected) and not predicted.requires_grad
+    assert torch.equal(t.predict(x), predicted)  # twice: nothing moved in between
+    after = t.export()  # the running statistics on the worker did not move
+    assert all(torch.equal(before["body"][k], after["body"][k]) for k in before["body"])
+    assert not torch.equal(after["body"]["bn.running_mean"], torch.zeros(6))  # they did train
+    # train mode is back here and there: the next step uses the batch's statistics again
+    assert g.implementation("encoder").lin.training
+    assert t.step(data[3]) == whole_step(model, optimizer, data[3])
+
+
+def test_evaluating_between_steps_changes_nothing_that_follows(worker):
+    data, held_out = batches(6), batches(2, rows=16, seed=7) + batches(1, rows=5, seed=8)
+    g, evaluated = split(worker, Drops(8, 6))
+    _, never = split(worker, Drops(8, 6))
+    evaluated.seed(3)
+    never.seed(3)
+    losses, said = [], []
+    for batch in data:
+        losses.append(evaluated.step(batch))
+        said.append(evaluated.evaluate(held_out, {"mae": lambda o, y: (o - y).abs().mean()}))
+    assert losses == [never.step(b) for b in data]
+    ours, theirs = evaluated.export(), never.export()
+    assert all(torch.equal(ours[n][k], theirs[n][k]) for n in ours for k in ours[n])
+    # the last evaluation is the trained model's, in one piece, rows weighing each batch
+    model = Whole(net(Drops(8, 6)))
+    model.encoder.load_state_dict({k.removeprefix("lin."): v for k, v in ours["encoder"].items()})
+    model.lin.load_state_dict({k.removeprefix("lin."): v for k, v in ours["body"].items()})
+    model.head.load_state_dict({k.removeprefix("lin."): v for k, v in ours["head"].items()})
+    model.eval()
+    with torch.no_grad():
+        loss = sum(mse(model(x), y).item() * len(y) for x, y in held_out) / 37
+        mae = sum((model(x) - y).abs().mean().item() * len(y) for x, y in held_out) / 37
+    assert said[-1] == {"loss": loss, "mae": mae}
+
+
+def test_fit_validates_each_epoch_keeps_the_best_and_stops_without_patience(worker, tmp_path):
+    data, held_out = batches(4), batches(2, seed=9)
+    heard = []  # the facts a Recorder would hear
+    _, t = split(worker, watching=heard.append)
+    result = t.fit(data, epochs=30, validate=held_out, patience=2,
+                   checkpoint=(tmp_path, "run/ckpt"))
+    losses = [v["loss"] for v in result.validation]
+    assert result.best_epoch == losses.index(min(losses))
+    assert len(losses) == result.best_epoch + 3 < 30  # two epochs no better, then it stopped
+    assert len(result.history) == 4 * len(losses)
+    assert [f["loss"] for f in heard if f.get("fact") == "evaluated"] == losses
+    _, again = split(worker)  # the best epoch, taken up on the worker again
+    assert again.resume(tmp_path, "run/ckpt/best") == 4 * (result.best_epoch + 1)
+    assert again.evaluate(held_out) == result.validation[result.best_epoch]
+
+
+def test_the_graph_itself_refuses_once_its_body_learns_on_a_worker(worker):
+    g, t = split(worker)
+    x = batches(1)[0][0]
+    t.step(batches(1)[0])
+    with pytest.raises(DeclarationError, match=r"'body'.*'gpu'.*Trainer\.predict"):
+        g.forward(x, broker=Broker.embedded({"gpu": worker}))
+
+
+def test_predict_here_is_eval_and_no_grad_and_puts_train_mode_back():
+    torch.manual_seed(0)
+    g = Graph.somatize(Norms(8, 6).named("body") >> Lin(6, 1, relu=False).named("head"))
+    t = Trainer(g, objective=mse, optimizer=torch.optim.SGD(parameters(g), lr=0.1))
+    body, head = g.implementation("body"), g.implementation("head")
+    data = batches(3)
+    for batch in data:
+        t.step(batch)
+    body.lin.eval()  # kept in eval mode on purpose: put back as it was
+    x = data[0][0]
+    predicted = t.predict(x)
+    with torch.no_grad():
+        body.bn.eval()
+        expected = head.lin(body.bn(body.lin(x)).relu())
+        body.bn.train()
+    assert torch.equal(predicted, expected)
+    assert body.bn.training and not body.lin.training and head.lin.training
+    with pytest.raises(NodeError, match="'body'"):
+        t.predict("not a tensor")
+    assert body.bn.training and head.lin.training  # after an error too
