@@ -276,7 +276,19 @@ def _nodes_table(store: Any, run: str) -> list[str]:
         lines.append(f"wire to {host}: sent {hop['sent']}× ({hop['sent_bytes']} bytes, "
                      f"{hop['sent_us'] / 1000:.6g} ms), received {hop['received']}× "
                      f"({hop['received_bytes']} bytes, {hop['received_us'] / 1000:.6g} ms)")
+    if summed.evaluated:
+        lines += ["", *_evaluations(summed.evaluated)]
     return lines + damage
+
+
+def _evaluations(said: list[dict[str, Any]]) -> list[str]:
+    """A table of a run's evaluations (``Trainer.evaluate``): one row each, by step."""
+    names = list(dict.fromkeys(k for one in said for k in one if k not in ("step", "rows")))
+    rows = [[str(one.get("step", "")), str(one.get("rows", ""))]
+            + [f"{one[n]:.6g}" if isinstance(one.get(n), (int, float)) else "" for n in names]
+            for one in said]
+    return ["evaluated:", *table(["after step", "rows", *names], rows,
+                                 right=set(range(2 + len(names))))]
 
 
 def _show(store: Any, run: str, forward: int | None) -> list[str]:

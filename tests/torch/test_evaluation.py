@@ -156,3 +156,41 @@ def test_predict_here_is_eval_and_no_grad_and_puts_train_mode_back():
     with pytest.raises(NodeError, match="'body'"):
         t.predict("not a tensor")
     assert body.bn.training and head.lin.training  # after an error too
+
+
+def test_an_evaluation_is_recorded_shown_and_exported(worker, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from somatize.record import Recorder, export_tensorboard
+    from somatize.store import Store
+
+    store = Store(tmp_path / "store")
+    recorder = Recorder(store, run="fit")
+    _, t = split(worker, watching=recorder)
+    result = t.fit(batches(3), epochs=2, validate=batches(2, seed=9),
+                   metrics={"mae": lambda o, y: (o - y).abs().mean()})
+    recorder.close()
+    src = os.path.dirname(os.path.dirname(os.path.abspath(sys.modules["somatize"].__file__)))
+    shown = subprocess.run([sys.executable, "-m", "somatize", "show", str(tmp_path / "store"),
+                            "fit"], capture_output=True, text=True, timeout=120, check=True,
+                           env={**os.environ, "PYTHONPATH": src}).stdout.splitlines()
+    at = shown.index("evaluated:")
+    assert shown[at + 1].split() == ["after", "step", "rows", "loss", "mae"]
+    rows = [line.split() for line in shown[at + 3:]]
+    assert [r[:2] for r in rows] == [["3", "32"], ["6", "32"]]
+    assert [float(r[2]) for r in rows] == pytest.approx([v["loss"] for v in result.validation],
+                                                        rel=1e-5)  # printed to 6 digits
+    pytest.importorskip("tensorboard", reason="tensorboard is the trackers extra's")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    export_tensorboard(store, "fit", tmp_path / "tb")
+    events = EventAccumulator(str(tmp_path / "tb" / "fit"), size_guidance={"scalars": 0})
+    events.Reload()
+    said = {tag: [(e.step, e.value) for e in events.Scalars(tag)]
+            for tag in events.Tags()["scalars"] if tag.startswith("validation/")}
+    assert said == {"validation/loss": [(3, pytest.approx(result.validation[0]["loss"])),
+                                        (6, pytest.approx(result.validation[1]["loss"]))],
+                    "validation/mae": [(3, pytest.approx(result.validation[0]["mae"])),
+                                       (6, pytest.approx(result.validation[1]["mae"]))]}

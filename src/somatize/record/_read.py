@@ -270,6 +270,7 @@ class Tally:
     first_took_us: int = 0  # the first of them, end to end: its warm-up is in it
     failed: int = 0  # forwards that raised
     damaged: dict[str, str] = field(default_factory=dict)  # records left out: name -> why
+    evaluated: list[dict[str, Any]] = field(default_factory=list)  # each evaluation, in order
 
 
 _NODE_COUNTS = ("ran", "recalled", "kept", "unneeded", "failed")
@@ -317,6 +318,8 @@ def _count(tally: Tally, fact: dict[str, Any], first: bool) -> None:
         entry[kind] += 1
         entry[f"{kind}_bytes"] += _int(fact.get("bytes"))
         entry[f"{kind}_us"] += _int(fact.get("took_us"))
+    elif kind == "evaluated":
+        tally.evaluated.append({k: v for k, v in fact.items() if k != "fact"})
     elif kind == "finished":
         took = _int(fact.get("took_us"))
         tally.took_us += took

@@ -12,6 +12,8 @@ What goes across is the same for both trackers and both ways:
 ``wire/<host>/sent_ms``        ms and bytes sent to a host in that forward, and
 ``wire/<host>/sent_bytes``     the same ``received_*``
 ``health/<where>/<measure>``   every number the Audit said, at its measured step
+``validation/<measure>``       each number a ``Trainer.evaluate`` said (its ``evaluated``
+                               fact: the loss and each metric), at the steps taken then
 findings                       the health rules' findings at the default thresholds: a
                                text table in TensorBoard; ``findings.json`` and
                                ``findings.md`` and a tag in MLflow
@@ -99,6 +101,12 @@ class _Points:
             self._add(f"wire/{fact['host']}/{kind}_bytes", fact.get("bytes"), 1)
         elif kind == "health" and isinstance(fact.get("where"), str) and type(fact.get("step")) is int:
             self._health(fact)
+        elif kind == "evaluated":
+            step = fact["step"] if type(fact.get("step")) is int else self.step
+            for key, value in fact.items():
+                number = _number(value)
+                if key not in ("fact", "step", "rows") and number is not None:
+                    self.emit(f"validation/{key}", number, step, self.wall)
 
     def _add(self, tag: str, value: Any, per: int) -> None:
         """Adds to a forward's sum of ``tag``, which is handed on divided by ``per``
