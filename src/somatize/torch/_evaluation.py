@@ -4,9 +4,12 @@
 a trained model — ``model.eval()`` and ``torch.no_grad()`` — with the nodes spread over
 machines. Here that is a context manager (``evaluated``); on a worker it is a verb of
 the Trainer's session, ``evaluating``, which puts the session's modules in eval mode,
-tells its trainers to hold nothing while it lasts (``Learning.evaluating``), and
-answers each module's own flag, so that the verb that ends it puts every module back
-as it was (a batch norm the user keeps in eval mode inside a trained body stays so).
+turns off ``requires_grad`` on their parameters (``torch.no_grad`` is a state of the
+thread that runs a slice, which a verb does not reach, and a parameter's own flag is
+what makes a forward build a graph at all), tells its trainers to hold nothing while it
+lasts (``Learning.evaluating``), and answers each module's and parameter's own flag, so
+that the verb that ends it puts every one back as it was (a batch norm the user keeps
+in eval mode inside a trained body stays so).
 """
 
 from __future__ import annotations
@@ -21,62 +24,76 @@ import torch
 from .._errors import DeclarationError
 from .._node import Opaque
 from ._learning import Learning
-from ._weights import modules_of
+from ._weights import held, modules_of
 
 __all__ = ["VERBS", "averaged", "checked_metrics", "detached", "evaluated", "evaluating_verb",
            "put_back", "put_in_eval"]
 
 
-def _modules(nodes: Mapping[str, Any]) -> dict[str, list[torch.nn.Module]]:
-    """Every module each node holds, submodules included, in a fixed order, each under
-    the first node that holds it: a trainer's are those of the node it trains, which
-    also stands in the session under a made id, and two nodes may share a module."""
+def _owned(nodes: Mapping[str, Any]) -> dict[str, tuple[list[Any], list[Any]]]:
+    """``(modules, parameters)`` each node holds, submodules included, in a fixed order,
+    each under the first node that holds it: a trainer's are those of the node it
+    trains, which also stands in the session under a made id, and two nodes may share
+    a module."""
     seen: set[int] = set()
-    found: dict[str, list[torch.nn.Module]] = {}
+    found: dict[str, tuple[list[Any], list[Any]]] = {}
     for node_id, impl in nodes.items():
         target = impl.node if isinstance(impl, Learning) else impl
-        mine = []
-        for top in modules_of(target) if target is not None else ():
-            for module in top.modules():
-                if id(module) not in seen:
-                    seen.add(id(module))
-                    mine.append(module)
-        if mine:
+        if target is None:
+            continue
+        modules = [m for top in modules_of(target) for m in top.modules()]
+        mine = ([m for m in modules if _first(m, seen)],
+                [p for p in held(target, node_id) if _first(p, seen)])
+        if mine[0] or mine[1]:
             found[node_id] = mine
     return found
 
 
-def put_in_eval(nodes: Mapping[str, Any]) -> dict[str, list[bool]]:
-    """Puts every module of ``nodes`` in eval mode and every trainer among them in its
-    evaluating state; answers each node's modules' training flags as they were."""
+def _first(thing: Any, seen: set[int]) -> bool:
+    if id(thing) in seen:
+        return False
+    seen.add(id(thing))
+    return True
+
+
+def put_in_eval(nodes: Mapping[str, Any]) -> dict[str, list[list[bool]]]:
+    """Puts every module of ``nodes`` in eval mode, has none of their parameters ask
+    for a gradient (so no autograd graph is built, wherever the grad mode of the thread
+    that runs them stands) and every trainer among them hold nothing; answers each
+    node's ``[modes, requires_grad]`` as they were."""
     flags = {}
-    for node_id, modules in _modules(nodes).items():
-        flags[node_id] = [m.training for m in modules]
+    for node_id, (modules, parameters) in _owned(nodes).items():
+        flags[node_id] = [[m.training for m in modules], [p.requires_grad for p in parameters]]
         for module in modules:
             module.training = False  # each one's own flag: its children are listed too
+        for parameter in parameters:
+            parameter.requires_grad_(False)
     for impl in nodes.values():
         if isinstance(impl, Learning):
             impl.evaluating(True)
     return flags
 
 
-def put_back(nodes: Mapping[str, Any], flags: Mapping[str, list[bool]]) -> None:
-    """Undoes ``put_in_eval``: each module's flag as ``flags`` kept it, each trainer
-    training again."""
+def put_back(nodes: Mapping[str, Any], flags: Mapping[str, list[list[bool]]]) -> None:
+    """Undoes ``put_in_eval``: each module's mode and each parameter's requires_grad as
+    ``flags`` kept them, each trainer training again."""
     for impl in nodes.values():
         if isinstance(impl, Learning):
             impl.evaluating(False)
-    for node_id, modules in _modules(nodes).items():
-        kept = flags.get(node_id, ())
-        if len(modules) != len(kept):
+    for node_id, (modules, parameters) in _owned(nodes).items():
+        modes, grads = flags.get(node_id, ((), ()))
+        if len(modules) != len(modes) or len(parameters) != len(grads):
             raise DeclarationError(
-                f"node {node_id!r} holds {len(modules)} modules now and held {len(kept)} when "
-                "it was put in eval mode; a node's modules cannot change while it is evaluated")
-        for module, training in zip(modules, kept):
+                f"node {node_id!r} holds {len(modules)} modules and {len(parameters)} "
+                f"parameters now, and held {len(modes)} and {len(grads)} when it was put in "
+                "eval mode; a node cannot change what it holds while it is evaluated")
+        for module, training in zip(modules, modes):
             module.training = training
+        for parameter, asks in zip(parameters, grads):
+            parameter.requires_grad_(asks)
 
 
-def evaluating_verb(nodes: Mapping[str, Any], asked: Mapping[str, Any]) -> dict[str, list[bool]]:
+def evaluating_verb(nodes: Mapping[str, Any], asked: Mapping[str, Any]) -> dict[str, Any]:
     """``evaluating``: with ``{"on": True}`` the session's nodes in eval mode, its
     trainers holding nothing, answering the flags to give back; with ``{"on": False,
     "flags": ...}`` everything as those flags say."""

@@ -279,7 +279,8 @@ class Learning(Node):
     def evaluating(self, on: bool) -> Learning:
         """Says whether what runs through it now is evaluated (``Trainer.predict``):
         then its forwards keep no activation and owe nothing, so a step's state is as
-        it was, and what the node makes goes on detached, its autograd graph let go of."""
+        it was, and what the node makes goes on as it came (``_evaluation`` has the
+        node's parameters ask for no gradient meanwhile, so no autograd graph is built)."""
         self._evaluating = bool(on)
         return self
 
