@@ -26,15 +26,16 @@ from .._node import Opaque
 from ._learning import Learning
 from ._weights import held, modules_of
 
-__all__ = ["VERBS", "averaged", "checked_metrics", "detached", "evaluated", "evaluating_verb",
-           "put_back", "put_in_eval"]
+__all__ = ["VERBS", "averaged", "better", "checked_metrics", "detached", "evaluated",
+           "evaluating_verb", "number", "owned", "put_back", "put_in_eval", "rows_of"]
 
 
-def _owned(nodes: Mapping[str, Any]) -> dict[str, tuple[list[Any], list[Any]]]:
+def owned(nodes: Mapping[str, Any], grads: bool = True) -> dict[str, tuple[list[Any], list[Any]]]:
     """``(modules, parameters)`` each node holds, submodules included, in a fixed order,
     each under the first node that holds it: a trainer's are those of the node it
     trains, which also stands in the session under a made id, and two nodes may share
-    a module."""
+    a module. Without ``grads`` no parameter is listed: where ``torch.no_grad`` holds
+    (the thread that evaluates here) their flags need not move."""
     seen: set[int] = set()
     found: dict[str, tuple[list[Any], list[Any]]] = {}
     for node_id, impl in nodes.items():
@@ -43,7 +44,7 @@ def _owned(nodes: Mapping[str, Any]) -> dict[str, tuple[list[Any], list[Any]]]:
             continue
         modules = [m for top in modules_of(target) for m in top.modules()]
         mine = ([m for m in modules if _first(m, seen)],
-                [p for p in held(target, node_id) if _first(p, seen)])
+                [p for p in held(target, node_id) if _first(p, seen)] if grads else [])
         if mine[0] or mine[1]:
             found[node_id] = mine
     return found
@@ -56,13 +57,14 @@ def _first(thing: Any, seen: set[int]) -> bool:
     return True
 
 
-def put_in_eval(nodes: Mapping[str, Any]) -> dict[str, list[list[bool]]]:
+def put_in_eval(nodes: Mapping[str, Any], holding: Any = None) -> dict[str, list[list[bool]]]:
     """Puts every module of ``nodes`` in eval mode, has none of their parameters ask
     for a gradient (so no autograd graph is built, wherever the grad mode of the thread
     that runs them stands) and every trainer among them hold nothing; answers each
-    node's ``[modes, requires_grad]`` as they were."""
+    node's ``[modes, requires_grad]`` as they were. ``holding`` is what ``owned``
+    answered for them, where it was asked already."""
     flags = {}
-    for node_id, (modules, parameters) in _owned(nodes).items():
+    for node_id, (modules, parameters) in (owned(nodes) if holding is None else holding).items():
         flags[node_id] = [[m.training for m in modules], [p.requires_grad for p in parameters]]
         for module in modules:
             module.training = False  # each one's own flag: its children are listed too
@@ -74,13 +76,14 @@ def put_in_eval(nodes: Mapping[str, Any]) -> dict[str, list[list[bool]]]:
     return flags
 
 
-def put_back(nodes: Mapping[str, Any], flags: Mapping[str, list[list[bool]]]) -> None:
+def put_back(nodes: Mapping[str, Any], flags: Mapping[str, list[list[bool]]],
+             holding: Any = None) -> None:
     """Undoes ``put_in_eval``: each module's mode and each parameter's requires_grad as
     ``flags`` kept them, each trainer training again."""
     for impl in nodes.values():
         if isinstance(impl, Learning):
             impl.evaluating(False)
-    for node_id, (modules, parameters) in _owned(nodes).items():
+    for node_id, (modules, parameters) in (owned(nodes) if holding is None else holding).items():
         modes, grads = flags.get(node_id, ((), ()))
         if len(modules) != len(modes) or len(parameters) != len(grads):
             raise DeclarationError(
@@ -113,25 +116,26 @@ def evaluated(here: Mapping[str, Any], hosts: Iterable[str],
     each of ``hosts`` (asked with ``ask(host, verb, args)``), without autograd here;
     everything back as it was afterwards, after an error too. Where putting it back
     fails as well, the first error is the one raised."""
-    kept: dict[str, Any] = {"": put_in_eval(here)}
+    holding = owned(here, grads=False)
+    kept: dict[str, Any] = {"": put_in_eval(here, holding)}
     try:
         for host in hosts:
             kept[host] = ask(host, "evaluating", {"on": True})
         with torch.no_grad():
             yield
     except BaseException:
-        _restore(here, kept, ask, quiet=True)
+        _restore(here, holding, kept, ask, quiet=True)
         raise
-    _restore(here, kept, ask, quiet=False)
+    _restore(here, holding, kept, ask, quiet=False)
 
 
-def _restore(here: Mapping[str, Any], kept: Mapping[str, Any],
+def _restore(here: Mapping[str, Any], holding: Any, kept: Mapping[str, Any],
              ask: Callable[[str, str, Any], Any], *, quiet: bool) -> None:
     failed: list[BaseException] = []
     for host, flags in kept.items():
         try:
             if host == "":
-                put_back(here, flags)
+                put_back(here, flags, holding)
             else:
                 ask(host, "evaluating", {"on": False, "flags": flags})
         except Exception as exc:  # the others are still put back
