@@ -194,3 +194,20 @@ def test_an_evaluation_is_recorded_shown_and_exported(worker, tmp_path):
                                         (6, pytest.approx(result.validation[1]["loss"]))],
                     "validation/mae": [(3, pytest.approx(result.validation[0]["mae"])),
                                        (6, pytest.approx(result.validation[1]["mae"]))]}
+
+
+def test_fit_refuses_what_cannot_validate_before_the_first_step():
+    torch.manual_seed(0)
+    g = Graph.somatize(Lin(8, 1, relu=False).named("head"))
+    t = Trainer(g, objective=mse, optimizer=torch.optim.SGD(parameters(g), lr=0.1))
+    data, before = batches(2), t.export()
+    with pytest.raises(TypeError, match="validate=.*walked again"):
+        t.fit(data, epochs=2, validate=iter(batches(1)))
+    with pytest.raises(DeclarationError, match="best='accuracy'.*'mae'"):
+        t.fit(data, validate=data, metrics={"mae": lambda o, y: (o - y).abs().mean()},
+              best="accuracy")
+    with pytest.raises(DeclarationError, match="no validate="):
+        t.fit(data, patience=2)
+    with pytest.raises(DeclarationError, match="'loss'"):
+        t.evaluate(data, {"loss": mse})
+    assert torch.equal(t.export()["head"]["lin.weight"], before["head"]["lin.weight"])  # no step

@@ -71,7 +71,7 @@ class Result:
 
     history: list[float] = field(default_factory=list)
     validation: list[dict[str, float]] = field(default_factory=list)
-    best_epoch: int | None = None
+    best_epoch: int | None = None  # an index into validation
 
     @property
     def loss(self) -> float | None:
@@ -256,11 +256,12 @@ class Trainer:
         ``metrics``), into ``Result.validation``. The best epoch by ``best`` (the loss,
         or a metric's name; lower is better unless ``higher``) is ``Result.best_epoch``,
         and with a checkpoint it is kept under ``name + "/best"`` as it ends.
-        ``patience=k`` stops after ``k`` epochs in a row that did no better.
+        ``patience=k`` stops after ``k`` epochs in a row that did no better. An epoch a
+        resumed run had finished is not evaluated again, and the best is this call's.
         """
         epochs = whole_number(epochs, "epochs", of="fit()")
         keeper = kept_by(checkpoint, checkpoint_every)
-        judge = _Judge(validate, metrics, best, higher, patience)
+        judge = _Judge(validate, metrics, best, higher, patience, epochs)
         try:
             walked = iter(data)
         except TypeError:
@@ -282,6 +283,7 @@ class Trainer:
         bar = _progress(_length(data, epochs))
         try:
             for epoch in range(epochs):
+                taken = len(history)
                 for batch in self._untaken(walked if epoch == 0 else data, length, bar):
                     history.append(self.step(batch))
                     if keeper is not None:
@@ -289,9 +291,9 @@ class Trainer:
                     if bar is not None:
                         bar.set_postfix(loss=f"{history[-1]:.4g}", refresh=False)
                         bar.update()
-                if judge.data is not None:
+                if judge.data is not None and len(history) > taken:  # not an epoch resumed past
                     validation.append(self.evaluate(judge.data, judge.metrics))
-                    if judge.improved(validation[-1], epoch) and checkpoint is not None:
+                    if judge.improved(validation[-1], len(validation) - 1) and checkpoint is not None:
                         self.checkpoint(checkpoint[0], f"{checkpoint[1]}/best")
                     if judge.exhausted():
                         break
@@ -561,9 +563,14 @@ class _Judge:
     """What ``fit`` validates with, checked before the first step, and which epoch did
     best by ``best``; ``patience`` epochs in a row without doing better end the fit."""
 
-    def __init__(self, data: Any, metrics: Any, best: str, higher: bool, patience: Any):
+    def __init__(self, data: Any, metrics: Any, best: str, higher: bool, patience: Any,
+                 epochs: int):
         self.data = data
         self.metrics = checked_metrics(metrics)
+        if data is not None and epochs > 1 and iter(data) is data:
+            raise TypeError(f"fit(validate=) was handed a {type(data).__qualname__}, which "
+                            "the first epoch's evaluation would use up; pass something that "
+                            "can be walked again (a list, a DataLoader)")
         if data is None and (metrics is not None or patience is not None):
             raise DeclarationError("fit() was given metrics= or patience=, which judge each "
                                    "epoch's validation, and no validate=; give validate=batches")
