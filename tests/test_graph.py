@@ -168,3 +168,15 @@ def test_an_id_with_a_control_character_is_refused(bad):
         Graph.somatize(Add(1).named(bad))
     with pytest.raises(DeclarationError, match="without control characters"):
         Graph().node(bad, Add(1))
+
+
+def test_a_node_trained_away_has_its_graph_refuse_to_run_through_a_broker():
+    g = Graph.somatize(Add(1).named("a") >> Add(2).named("b"))
+    assert g.forward(1, broker={}) == 4  # nothing said yet: it runs
+    with pytest.raises(DeclarationError, match="'nope'"):
+        g.trained_away("nope", "never said")
+    g.trained_away("b", "node 'b' learns elsewhere; ask whoever trains it")
+    with pytest.raises(DeclarationError, match="node 'b' learns elsewhere"):
+        g.forward(1, broker={})
+    with pytest.raises(DeclarationError, match="learns elsewhere"):  # the mark travels
+        pickle.loads(pickle.dumps(g)).forward(1, broker={})
