@@ -211,3 +211,21 @@ def test_fit_refuses_what_cannot_validate_before_the_first_step():
     with pytest.raises(DeclarationError, match="'loss'"):
         t.evaluate(data, {"loss": mse})
     assert torch.equal(t.export()["head"]["lin.weight"], before["head"]["lin.weight"])  # no step
+
+
+def test_a_body_nobody_trains_on_a_worker_is_evaluated_there_too(worker):
+    """No trainer there: the graph's own session on the worker is put in eval mode. Its
+    batch norm's statistics moved in the training forward, as in the model in one piece."""
+    g = net(Norms(8, 6))
+    t = Trainer(g, objective=mse, broker=Broker.embedded({"gpu": worker}),
+                optimizer=torch.optim.SGD(parameters(g, without=["encoder", "body"]), lr=0.1))
+    model = Whole(g)
+    optimizer = torch.optim.SGD(model.head.parameters(), lr=0.1)
+    data = batches(3)
+    assert [t.step(b) for b in data[:2]] == [whole_step(model, optimizer, b) for b in data[:2]]
+    model.eval()
+    with torch.no_grad():
+        expected = model(data[2][0])
+    model.train()
+    assert torch.equal(t.predict(data[2][0]), expected)
+    assert t.step(data[2]) == whole_step(model, optimizer, data[2])  # train mode is back there

@@ -364,13 +364,35 @@ class Trainer:
         return said
 
     def _evaluated(self) -> Any:
-        """Eval mode over this Trainer's nodes, here and on each worker it trains on."""
-        if self._staged is None:
-            here = {n: self._graph.implementation(n) for n in self._graph.nodes()}
-            return evaluated(here, (), self._staged)
-        impls, hosts = self._staged.private.data().impls, self._staged.private.hosts()
-        here = {n: impl for n, impl in impls.items() if n not in hosts}
-        return evaluated(here, sorted(set(hosts.values())), self._staged.control)
+        """Eval mode over this Trainer's nodes, here and in its session on each worker:
+        the driver's, or else the one its graph runs in on its broker. A node sent away
+        is left alone here: its copy here is what a worker is provisioned from."""
+        if self._staged is not None:
+            data, ask = self._staged.private.data(), self._staged.control
+        else:
+            data, ask = self._graph.data(), self._graph_session_asks()
+        here = {n: impl for n, impl in data.impls.items() if n not in data.hosts}
+        return evaluated(here, list(dict.fromkeys(data.hosts.values())), ask)
+
+    def _graph_session_asks(self) -> Any:
+        """How a verb is asked of the session the graph itself runs in on its hosts
+        (a Trainer that trains nothing where it runs); None where it has no host."""
+        data = self._graph.data()
+        if not data.hosts:
+            return None
+        runner = runner_of(self._broker)
+        opens = getattr(runner, "session_of", None)
+        session = opens(data) if callable(opens) else runner
+        if not callable(getattr(session, "control", None)):
+            raise DeclarationError(
+                f"{type(runner).__qualname__} reaches host {next(iter(data.hosts.values()))!r} "
+                "and says no verb to it, so its nodes cannot be put in eval mode there; "
+                "run through a Broker or workers=")
+
+        def ask(host: str, verb: str, args: Any) -> Any:
+            session.prepare(data)
+            return session.control(host, verb, args)
+        return ask
 
     def _predicted(self, x: Any) -> Any:
         x = x if type(x) is Opaque else Opaque(x)
