@@ -26,12 +26,11 @@ import sys
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import torch  # noqa: E402
+import torch
+from _bench import interleaved
 
-from somatize import Broker, Graph, Node, Opaque, Worker  # noqa: E402
-from somatize.torch import Split, Trainer, parameters  # noqa: E402
-
-from _bench import interleaved  # noqa: E402
+from somatize import Broker, Graph, Node, Opaque, Worker
+from somatize.torch import Split, Trainer, parameters
 
 QUICK = "--quick" in sys.argv
 ROUNDS, COUNT = (5, 20) if QUICK else (15, 50)

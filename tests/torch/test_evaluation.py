@@ -89,7 +89,7 @@ def test_predict_is_the_whole_model_under_eval_and_no_grad(worker):
 
 def test_evaluating_between_steps_changes_nothing_that_follows(worker):
     data, held_out = batches(6), batches(2, rows=16, seed=7) + batches(1, rows=5, seed=8)
-    g, evaluated = split(worker, Drops(8, 6))
+    _, evaluated = split(worker, Drops(8, 6))
     _, never = split(worker, Drops(8, 6))
     evaluated.seed(3)
     never.seed(3)

@@ -138,7 +138,7 @@ def _restore(here: Mapping[str, Any], holding: Any, kept: Mapping[str, Any],
                 put_back(here, flags, holding)
             else:
                 ask(host, "evaluating", {"on": False, "flags": flags})
-        except Exception as exc:  # the others are still put back
+        except Exception as exc:  # noqa: BLE001 (whatever it was, the others are still put back)
             failed.append(exc)
     if failed and not quiet:
         raise failed[0]
