@@ -13,6 +13,7 @@ saying why, since that forward is all it was asked for.
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import threading
@@ -23,9 +24,10 @@ from typing import Any
 from .._errors import CorruptObject, CorruptRecord, RecordError
 from .._version import __version__
 from ..store import Bound
+from ..store._store import answers_unbound
 from ._recorder import EACH, FORMAT, PER_OBJECT, check_run, flush_pending, forward_name
 
-__all__ = ["Run", "Tally", "curve", "damaged", "damaged_reason", "facts", "forwards",
+__all__ = ["Run", "Tally", "batches_begin", "curve", "damaged", "damaged_reason", "facts", "forwards",
            "forwards_of", "nodes", "readable", "run_of", "runs", "tally"]
 
 
@@ -57,6 +59,87 @@ def forwards_of(bound: Any, index: int) -> list[tuple[int, Any]]:
     return [(index + at, Bound(f"{stem}{index + at}", bound.digest,
                                summary if type(summary) is dict else {}, bound.when))
             for at, summary in enumerate(each)]
+
+
+def _in_a_batch(store: Any, name: str) -> Any:
+    """The Bound of forward ``n`` for a name ``run/<run>/<n>`` nobody bound, where it is
+    inside a batch bound under an earlier index (as ``forwards_of`` names it); None
+    where no batch holds it. Registered with the store (``answers_unbound``), so that
+    ``store.resolve(f"run/{r.run}/{n}")`` answers every forward, batched or not.
+
+    Where the run's batches begin is remembered from one listing of the run; after
+    that a forward costs one read of the batch that holds it, and a forward past the
+    run's end (what somebody following the run asks for next) one read of the last
+    batch: nothing can start between its end and that forward, or it would be bound."""
+    parts = name.split("/")
+    if len(parts) != 3 or parts[0] != "run" or not (parts[2].isdigit() and parts[2].isascii()):
+        return None
+    if getattr(_looking, "on", False):  # its own read of a batch that is gone: no further
+        return None
+    _looking.on = True
+    try:
+        return _holding(store, parts[1], int(parts[2]))
+    finally:
+        _looking.on = False
+
+
+def _holding(store: Any, run: str, index: int) -> Any:
+    """``_in_a_batch`` for forward ``index`` of ``run``: from the batch known to begin
+    nearest below it, walking on batch by batch (each begins where the last ends), and
+    from one listing of the run where nothing is known or the walk is long."""
+    where = (str(getattr(store, "where", id(store))), run)
+    with _lock:
+        starts = _starts.get(where, [])
+        at = starts[bisect.bisect_right(starts, index) - 1] if starts and starts[0] <= index else None
+    for _ in range(_WALK if at is not None else 0):
+        batch = store.resolve(forward_name(run, at))
+        if batch is None:  # what was remembered is gone: list the run afresh
+            break
+        _begins(where, at)
+        held = forwards_of(batch, at)
+        end = held[-1][0] + 1
+        if index < end:
+            return dict(held).get(index)
+        if end == index:  # the next batch would begin here, and this name is not bound
+            return None
+        at = end
+    listed = _indexed_bindings(store.bound(f"run/{run}"), f"run/{run}")
+    with _lock:
+        _starts[where] = [at for at, _ in listed]
+        _starts.move_to_end(where)
+        while len(_starts) > _STARTS_KEPT:
+            _starts.popitem(last=False)
+    for at, batch in reversed(listed):
+        if at <= index:
+            return dict(forwards_of(batch, at)).get(index)
+    return None
+
+
+def _begins(where: tuple[str, str], at: int) -> None:
+    """Remembers that a batch of the run ``where`` names begins at ``at``."""
+    with _lock:
+        starts = _starts.setdefault(where, [])
+        if at not in starts:
+            bisect.insort(starts, at)
+        _starts.move_to_end(where)
+
+
+def batches_begin(store: Any, run: str, indices: Any) -> None:
+    """Says where some of a run's batches begin, as a reader that has read them knows
+    (``web.Following``), so that resolving a forward of the run past them lists
+    nothing: the batch that holds the last is read again instead."""
+    where = (str(getattr(store, "where", id(store))), run)
+    for at in indices:
+        _begins(where, at)
+
+
+def _indexed_bindings(bounds: list[Any], prefix: str) -> list[tuple[int, Any]]:
+    """``(index, binding)`` for each binding ``prefix/<digits>``, by index."""
+    cut = len(prefix) + 1
+    found = [(int(bound.name[cut:]), bound) for bound in bounds
+             if bound.name[cut:].isdigit() and bound.name[cut:].isascii()]
+    found.sort(key=lambda pair: pair[0])
+    return found
 
 
 def _indexed(bounds: list[Any], prefix: str) -> list[tuple[int, Any]]:
@@ -188,6 +271,11 @@ def _parsed(store: Any, bound: Any) -> dict[str, Any]:
 
 
 _lock = threading.Lock()
+# (where, run) -> the indices its batches are bound at, as last listed; most recent last
+_starts: OrderedDict[tuple[str, str], list[int]] = OrderedDict()
+_STARTS_KEPT = 256
+_WALK = 8  # batches walked on, one read each, before the run is listed instead
+_looking = threading.local()  # .on while this thread looks for the batch holding a forward
 _recent: dict[str, dict[str, Any]] = {}  # digest -> record: a digest names the bytes for good
 # (store, name, digest) -> why that record could not be read. Kept by digest too, so a
 # name bound again to a good record is no longer said to be damaged.
@@ -427,3 +515,6 @@ def curve(store: Any, run: str, fact: str = "loss", *, field: str = "value") -> 
     field="took_us")``). Summarised facts are read from names alone.
     """
     return [value for _, value in points(store, run, fact, field)]
+
+
+answers_unbound(_in_a_batch)
