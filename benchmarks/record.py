@@ -13,6 +13,9 @@
    with ``flush()`` after each step, the point at which its file holds the step as a
    Recorder's store does the moment a forward finishes.
 3. ``progress`` over a run of 10,000 forwards summarising the loss (target: < 2 s).
+4. ``store.resolve`` of a forward's name (seed 004: every forward's name answers it):
+   a forward inside a batch, and the name just past the run's end, beside the anchor,
+   a name that is bound (a batch's first forward): one name read.
 
     python benchmarks/record.py
 """
@@ -154,6 +157,26 @@ def long_run():
     return built, read, drawn
 
 
+def resolving():
+    """Per-call seconds of ``store.resolve`` for a batch's own name, a forward inside a
+    batch, and the name past the run's end, over a run of 1,000 forwards in batches of
+    100 (the listing that learns where they begin is made before timing)."""
+    store = Store(tempfile.mkdtemp(prefix="somatize-bench-"))
+    g = Graph.somatize(Body() >> Head())
+    recorder = Recorder(store, run="names")
+    for i in range(1000):
+        g.forward(i, watching=recorder)
+        if i % 100 == 99:
+            recorder.flush()
+    recorder.close()
+    assert store.resolve("run/names/550").name == "run/names/550"  # learnt, once
+    return interleaved({
+        "a batch's own name (anchor)": lambda i: store.resolve(f"run/names/{(i % 10) * 100}"),
+        "a forward inside a batch": lambda i: store.resolve(f"run/names/{(i % 10) * 100 + 57}"),
+        "the name past the end": lambda i: store.resolve("run/names/1000"),
+    }, ROUNDS, 50)
+
+
 def main():
     g = Graph.somatize(Body() >> Head())
     print(f"A 2-node forward, {ROUNDS} interleaved blocks of {BLOCK}, median per forward:")
@@ -183,6 +206,12 @@ def main():
             print(f"  {name:34s} {seconds * 1e6:8.1f} µs   adds {cost * 1e6:7.1f} µs   "
                   f"Recorder/TensorBoard added cost {(ours - plain) / cost:5.2f}x")
     print("  (target: at most 1.5x TensorBoard's cost per step)")
+    print()
+    print("store.resolve of a forward's name, a run of 1,000 forwards in batches of 100:")
+    names = resolving()
+    anchor = names["a batch's own name (anchor)"]
+    for name, seconds in names.items():
+        print(f"  {name:34s} {seconds * 1e6:8.1f} µs   {seconds / anchor:6.2f}x the anchor")
     print()
     built, read, drawn = long_run()
     print(f"A run of {LONG:,} forwards summarising loss (written in {built:.2f} s):")

@@ -46,19 +46,32 @@ def forwards_of(bound: Any, index: int) -> list[tuple[int, Any]]:
     """``(forward, Bound)`` for each forward one binding at ``index`` holds: itself for a
     record of one forward; for a batch, one Bound a forward, named as that forward
     would be and with that forward's summary as its meta."""
+    return [(index + at, _part(bound, index, at, each))
+            for at, each in enumerate(_summaries(bound))]
+
+
+def _summaries(bound: Any) -> list[Any]:
+    """One entry per forward a binding holds: its summary in a batch, None for a
+    binding that is one forward's record."""
     each = bound.meta.get(EACH) if type(bound.meta) is dict else None
     # A count is what the meta claims, not what the record holds: one past what a Recorder
     # writes in a batch is not a Recorder's, and is not believed (10**12 would be a
     # list of 10**12 Bounds); the binding is then the one forward it is named after.
     if type(each) is int and 0 < each <= PER_OBJECT:  # a batch of a run summarising nothing
-        each = [{}] * each
-    elif type(each) is not list or not 0 < len(each) <= PER_OBJECT:
-        return [(index, bound if type(bound.meta) is dict else
-                 Bound(bound.name, bound.digest, {}, bound.when))]
+        return [{}] * each
+    if type(each) is not list or not 0 < len(each) <= PER_OBJECT:
+        return [None]
+    return each
+
+
+def _part(bound: Any, index: int, at: int, summary: Any) -> Any:
+    """The Bound of the forward ``at`` places into the binding ``bound`` at ``index``."""
+    if summary is None:  # the binding is that forward's own record
+        return bound if type(bound.meta) is dict else Bound(bound.name, bound.digest, {},
+                                                            bound.when)
     stem = bound.name[:bound.name.rfind("/") + 1]
-    return [(index + at, Bound(f"{stem}{index + at}", bound.digest,
-                               summary if type(summary) is dict else {}, bound.when))
-            for at, summary in enumerate(each)]
+    return Bound(f"{stem}{index + at}", bound.digest,
+                 summary if type(summary) is dict else {}, bound.when)
 
 
 def _in_a_batch(store: Any, name: str) -> Any:
@@ -96,10 +109,10 @@ def _holding(store: Any, run: str, index: int) -> Any:
         if batch is None:  # what was remembered is gone: list the run afresh
             break
         _begins(where, at)
-        held = forwards_of(batch, at)
-        end = held[-1][0] + 1
+        each = _summaries(batch)  # what it holds, told by its meta; one Bound made
+        end = at + len(each)
         if index < end:
-            return dict(held).get(index)
+            return _part(batch, at, index - at, each[index - at])
         if end == index:  # the next batch would begin here, and this name is not bound
             return None
         at = end
@@ -111,7 +124,8 @@ def _holding(store: Any, run: str, index: int) -> Any:
             _starts.popitem(last=False)
     for at, batch in reversed(listed):
         if at <= index:
-            return dict(forwards_of(batch, at)).get(index)
+            each = _summaries(batch)
+            return _part(batch, at, index - at, each[index - at]) if index - at < len(each) else None
     return None
 
 
