@@ -100,7 +100,8 @@ class Blocks(Node):
         allowed = torch.ones(n, n, dtype=torch.bool).tril()[None, None] & mask[:, None, None, :].bool()
         additive = torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(h.dtype).min)
         for block in self.blocks:
-            h = block(h, attention_mask=additive)
+            out = block(h, attention_mask=additive)
+            h = out[0] if isinstance(out, tuple) else out  # transformers 4 answers a tuple
         return Opaque((h, mask))
 
     def parameters(self):

@@ -324,12 +324,12 @@ class StagedDriver:
                         yield
                     answers = answers.result()
                 for entry, producers in stage.entries:
-                    got = gradient(answers[entry], device_of(produced[producers[0]]))
+                    handed_in = [p for p in producers if p in leaves]
+                    got = gradient(answers[entry], device_of(leaves[handed_in[0]]))
                     if len(producers) == 1:
                         _add(owed, producers[0], got)
-                        continue
-                    for producer in producers:
-                        if type(got) is dict and producer in leaves:
+                    elif type(got) is dict:  # a map by producer, as its input was
+                        for producer in handed_in:
                             _add(owed, producer, got.get(producer))
                 self._heard(answers)
             tensors, grads = [], []
