@@ -186,13 +186,10 @@ def _inside(value: Any) -> Any:
 
 def gradient(value: Any, device: str | torch.device | None = None) -> torch.Tensor | None:
     """What an envelope carries, or the sum of what a map of them carries, as a tensor
-    on ``device``. None for a value that is not a backward message at all, and for an
+    on ``device`` (a structure's gradient: tensors on ``device`` in its shape). None for a value that is not a backward message at all, and for an
     envelope (or a map of them) carrying nothing."""
     if type(value) is dict and KEY in value:  # one envelope, the common case: read at once
-        carried = _inside(value)
-        if carried is None or device is None:
-            return carried
-        return carried.to(device) if isinstance(carried, torch.Tensor) else moved(carried, device)
+        return moved(_inside(value), device)
     if not carries(value):
         return None
     carried = [_inside(value)] if KEY in value else [_inside(v) for v in value.values()]
@@ -575,7 +572,10 @@ class Learning(Node):
 
     def learn(self, signal: torch.Tensor | None, ctx: Ctx) -> Any:
         """Handed dL/d(what the node produced) — None when nobody owes it anything this
-        step — answers dL/d(what it was given), or None. The hole a technique fills."""
+        step — answers dL/d(what it was given), or None. The hole a technique fills.
+        Where the node produced (or was given) a tuple, list or dict of tensors, the
+        gradient has that shape, None where no gradient belongs (``_tensors.paired``
+        pairs it with the tensors it is for; ``gradients_of`` reads one off ``given``)."""
         raise NotImplementedError(f"{type(self).__qualname__} does not say how it learns")
 
     def __repr__(self) -> str:
