@@ -38,6 +38,7 @@ from .._transpose import Back, backward
 from ._audit import Audit
 from ._checks import outside_somatize
 from ._learning import HEALTH, Learning, envelope, gradient, narrowed, overflowed, widened
+from ._tensors import device_of, gradients_of, leafed, paired, summed
 from ._weights import ASKING, LOADING
 
 __all__ = ["StagedDriver", "rewired"]
@@ -119,8 +120,12 @@ class Stage:
         self.trainers = [n for n in nodes if n in trains]
         self.trained = [m for n in self.trainers for m in Positions(n).all]
         enters = {n: Positions(n).enters for n in self.trainers}
-        self.entries = [(enters[n], preds[enters[n]][0]) for n in self.trainers
-                        if preds[enters[n]] and preds[enters[n]][0] not in inside]
+        # Where what a trainer's input received goes back to: its one producer, or,
+        # for a node fed by several, each producer its own part (the input is then a
+        # map by producer, and so is its gradient). A producer in this stage is
+        # trained by nobody and owed nothing.
+        self.entries = [(enters[n], tuple(preds[enters[n]])) for n in self.trainers
+                        if any(p not in inside for p in preds[enters[n]])]
         self.back_given = [n for n in self.trainers if n in self.wanted]
         self.reporting = [enters[n] for n in self.trainers]  # every trainer's answer
         # What crosses into this stage narrowed: a value handed in whose every taker
@@ -307,7 +312,7 @@ class StagedDriver:
         owed: dict[str, torch.Tensor] = {}
         for n, leaf in outputs.items():
             if n not in self.through:  # those already passed their gradient on
-                _add(owed, n, getattr(leaf, "grad", None))
+                _add(owed, n, gradients_of(leaf))
         last = len(self.stages) - 1
         later, broker = pipe is not None, self.broker
         walks = self._walks()
@@ -325,20 +330,25 @@ class StagedDriver:
                     if answers.waiting:
                         yield
                     answers = answers.result()
-                for entry, producer in stage.entries:
+                for entry, producers in stage.entries:
                     self._said_overflow(answers[entry], entry, "answered")
-                    _add(owed, producer, gradient(answers[entry], _device(produced[producer])))
+                    handed_in = [p for p in producers if p in leaves]
+                    got = gradient(answers[entry], device_of(leaves[handed_in[0]]))
+                    if len(producers) == 1:
+                        _add(owed, producers[0], got)
+                    elif type(got) is dict:  # a map by producer, as its input was
+                        for producer in handed_in:
+                            _add(owed, producer, got.get(producer))
                 self._heard(answers)
             tensors, grads = [], []
             for n in stage.untrained_here:
-                value, grad = produced[n], owed.get(n)
-                if grad is not None and isinstance(value, torch.Tensor) and value.requires_grad:
-                    tensors.append(value)
-                    grads.append(grad)
+                these, their = paired(produced[n], owed.get(n))
+                tensors += these
+                grads += their
             if tensors:
                 torch.autograd.backward(tensors, grads)
             for producer, leaf in leaves.items():
-                _add(owed, producer, getattr(leaf, "grad", None))
+                _add(owed, producer, gradients_of(leaf))
 
     def close(self, one: Pass) -> None:
         """Ends every trainer's open group: a closing, empty envelope walked back."""
@@ -442,19 +452,10 @@ _NOTHING: dict[str, Any] = {}  # what a stage handed nothing was handed (read, n
 
 
 def _fresh(value: Any) -> Any:
-    """A value handed across a stage boundary: a tensor becomes a new leaf."""
-    if isinstance(value, torch.Tensor):
-        leaf = value.detach()
-        if leaf.is_floating_point() or leaf.is_complex():
-            leaf.requires_grad_(True)
-        return leaf
-    return value
+    """A value handed across a stage boundary: each tensor in it becomes a new leaf."""
+    return leafed(value)
 
 
-def _add(owed: dict[str, torch.Tensor], node: str, grad: torch.Tensor | None) -> None:
+def _add(owed: dict[str, Any], node: str, grad: Any) -> None:
     if grad is not None:
-        owed[node] = grad if node not in owed else owed[node] + grad
-
-
-def _device(value: Any) -> Any:
-    return value.device if isinstance(value, torch.Tensor) else None
+        owed[node] = summed(owed.get(node), grad)
