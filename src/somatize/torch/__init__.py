@@ -33,6 +33,7 @@ from ._federated import fedavg, gather
 from ._learning import Learning, Split, envelope, gradient
 from ._learning import answers as _answers
 from ._learning import shared_by as _shared_by
+from ._privacy import Protection
 from ._probe import probe
 from ._shared import ANSWERS as _SHARED_ANSWERS
 from ._shared import Shared as _Shared
@@ -53,6 +54,7 @@ __all__ = [
     "Learning",
     "NoGradient",
     "OutOfStep",
+    "Protection",
     "Result",
     "Split",
     "Trainer",
