@@ -13,8 +13,8 @@ The measures (``Audit(leaks=True)``) are taken here, where the labels are, on ex
 what was sent:
 
 - ``leak_norm_auc``: the ROC AUC of the per-example gradient norm as a score for the
-  label, read either way round (an attacker who knows one label knows which way);
-  with more than two classes, each class against the rest in turn, averaged.
+  label, a larger norm read as the rarer class of the batch, as the paper's attack
+  reads it; with more than two classes, each class against the rest in turn, averaged.
 - ``leak_direction_auc``: each example in turn is the one whose label the worker knows;
   the cosine of every other example's gradient with its gradient scores "same label as
   it", and the AUCs are averaged over the examples. Read one way: a positive cosine
@@ -73,18 +73,23 @@ def _rows(value: torch.Tensor) -> torch.Tensor:
 
 
 def norm_leak(gradients: torch.Tensor, labels: torch.Tensor) -> float | None:
-    """How well each example's gradient norm tells its label: the AUC of the norm read
-    either way round, each class against the rest, averaged over the classes that have
-    examples on both sides. None for a batch where no class does."""
+    """How well each example's gradient norm tells its label, as the paper's norm attack
+    reads it: a larger norm says "the positive class". With two classes the positive
+    one is the rarer in the batch (the larger label on a tie), as in the paper, where
+    the rare class is the one whose gradients stand out; with more, each class against
+    the rest in turn, averaged over the classes that have examples on both sides.
+    Read one way only, so a batch where norms say nothing reads 0.5 on average (read
+    either way round, chance alone would read 0.6 at a batch of 32); a run whose steps
+    read well below 0.5 leaks as much as one above (the rarer class's norms are the
+    smaller), so a run's leak is its mean read either way round. With many classes,
+    those whose norms stand out and those whose norms hide cancel in the average:
+    there it is a floor, not the worst case. None where no class has examples on both
+    sides."""
     norms = _rows(gradients).norm(dim=1)
-    classes = torch.unique(labels)
-    if len(classes) == 2:  # the other class is the same AUC the other way round
-        classes = classes[:1]
-    found = []
-    for label in classes:
-        auc = roc_auc(norms, labels == label)
-        if auc is not None:
-            found.append(max(auc, 1 - auc))
+    classes, counts = torch.unique(labels, return_counts=True)
+    if len(classes) == 2:
+        classes = classes[int(counts[1] <= counts[0])].reshape(1)
+    found = [auc for label in classes if (auc := roc_auc(norms, labels == label)) is not None]
     return sum(found) / len(found) if found else None
 
 
