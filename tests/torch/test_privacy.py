@@ -157,16 +157,27 @@ def test_each_defence_changes_what_arrives_and_nothing_kept_here(worker, tmp_pat
     assert blurred["graph"]["protected"] == {"body": {"gradients": 2.0}}
 
 
-def test_the_gradient_defence_keeps_what_the_batch_learns_on_average():
+@pytest.mark.parametrize("labelled", [True, False])
+def test_the_gradient_defence_is_unbiased_and_evens_the_norms(labelled):
     from somatize.torch._privacy import noisy_gradient
 
     g = torch.randn(32, 10, generator=torch.Generator().manual_seed(1))
+    labels = torch.arange(32) % 3
+    g[labels == 1] += 3.0  # the classes' gradients point apart, as a head's do
     g[0] *= 20  # one example's gradient dominates: the others get noise up to its norm
-    drawn = torch.stack([noisy_gradient(g, 1.0, torch.Generator().manual_seed(s))
-                         for s in range(4000)])
-    assert torch.allclose(drawn.mean(0), g, atol=0.35 * float(g.norm(dim=1).max()) / 10)
+    drawn = torch.stack([noisy_gradient(g, 1.0, torch.Generator().manual_seed(s),
+                                        labels if labelled else None) for s in range(4000)])
+    scale = float(g.norm(dim=1).max())
+    assert torch.allclose(drawn.mean(0), g, atol=0.06 * scale)  # what the weights learn from
     norms = drawn.pow(2).sum(-1).mean(0)  # every row's expected squared norm, alike
     assert float(norms.max() / norms.min()) < 1.15
+    if labelled:  # the noise lies along the directions that tell the classes apart
+        means = torch.stack([g[labels == c].mean(0) for c in range(3)])
+        apart = torch.linalg.qr((means - means.mean(0)).T).Q[:, :2]
+        off = (drawn - g) - (drawn - g) @ apart @ apart.T
+        # the largest row gets no norm-evening noise: all of its noise is along them
+        assert float(off[:, 0].abs().max()) < 1e-4 * scale
+        assert float((drawn - g)[:, 0].norm(dim=-1).mean()) > 0.1 * scale
 
 
 def plain_torch_nopeek(x, y, weight, steps):
@@ -258,3 +269,26 @@ def test_targets_that_are_not_labels_leave_the_aucs_out(worker, tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         Audit(leaks=False)
+
+
+def test_the_health_rules_say_a_label_leak_and_a_defence_ends_it(worker, tmp_path):
+    from somatize.health import findings_of
+
+    x, y = data("cancer", rows=320)
+    found = {}
+    for label, protection in (("plain", None), ("protected", Protection(gradients=1.0))):
+        g = net(30, 2)
+        trains = {"body": Split(torch.optim.Adam, lr=1e-2)}
+        seen = []
+        t = Trainer(g, objective=cross_entropy, trains=trains, workers={"gpu": worker},
+                    optimizer=torch.optim.Adam(parameters(g, without=trains), lr=1e-2),
+                    auditing=Audit(leaks=True), watching=seen.append,
+                    protecting={"body": protection} if protection else None)
+        t.seed(0)
+        for b in batches(x, y):
+            t.step(b)
+        t.close()
+        found[label] = [f for f in findings_of(seen, window=5) if f.what == "label_leak"]
+    (leak,) = found["plain"]
+    assert leak.where == "body" and "protecting={'body': Protection(" in leak.advice
+    assert found["protected"] == []

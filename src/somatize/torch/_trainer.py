@@ -199,11 +199,11 @@ class Trainer:
                 losses = pipelined(self._staged, pieces, self._loss, self._seed)
         else:
             for x, y, share in pieces:
+                if self._privacy is not None:  # what the gradient defence aims with
+                    self._privacy.labelled(y)
                 loss = self._loss(self._forward(x), y)
                 self._backward(loss, share)
                 losses.append(loss)
-                if self._privacy is not None:
-                    self._privacy.labelled(y)
         self._taken += 1
         self._steps += 1
         if self._taken == self._every:
