@@ -139,7 +139,8 @@ def rows_of(quick: bool) -> list[tuple[str, Protection | None]]:
     curve = (0.25, 0.5, 1.0, 2.0, 4.0)
     return ([("none", None), ("noise 0.5", Protection(noise=0.5)),
              ("noise 2", Protection(noise=2.0)), ("nopeek 1", Protection(nopeek=1.0)),
-             ("nopeek 3", Protection(nopeek=3.0)), ("nopeek 6", Protection(nopeek=6.0))]
+             ("nopeek 3", Protection(nopeek=3.0)), ("nopeek 6", Protection(nopeek=6.0)),
+             ("nopeek 10", Protection(nopeek=10.0))]
             + [(f"gradients {s:g}", Protection(gradients=s)) for s in curve])
 
 
@@ -157,7 +158,7 @@ def labels_floor(data) -> float:
 
 #: Epochs per data set (full, quick): NoPeek needs steps to move the encoder away
 #: from the input, and digits has three times breast_cancer's steps per epoch.
-EPOCHS = {"breast_cancer": (12, 6), "digits": (4, 2)}
+EPOCHS = {"breast_cancer": (30, 8), "digits": (4, 2)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -85,7 +85,7 @@ def trained(protection, epochs=6):
 # correlation is the last epoch's.
 
 # %%
-rows = {"none": None, "gradients=0.25": Protection(gradients=0.25),
+rows = {"none": None, "gradients=1": Protection(gradients=1.0),
         "nopeek=3": Protection(nopeek=3.0), "noise=2": Protection(noise=2.0)}
 results = {name: trained(p) for name, p in rows.items()}
 for name, r in results.items():
@@ -102,5 +102,5 @@ worker.close()
 
 # %%
 print("the gradient defence hides the labels:",
-      results["gradients=0.25"]["direction"] < 0.65 < results["none"]["direction"])
+      results["gradients=1"]["direction"] < 0.65 < results["none"]["direction"])
 print("nopeek sends less of the input:", results["nopeek=3"]["dcor"] < results["none"]["dcor"])

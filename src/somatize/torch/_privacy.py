@@ -264,6 +264,7 @@ class Privacy:
         the gradient defence aims its noise with them, the measures score against them."""
         labels = _classes(target)
         self._current = labels
+        self._penalty = None  # a forward that failed before its loss leaves none behind
         if not self.measuring:
             return
         if labels is None:
