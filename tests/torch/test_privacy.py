@@ -7,6 +7,7 @@ numpy. Each defence is seen to change what arrives there and nothing kept here, 
 is held to the same objective trained in one piece in plain torch, and seeded runs
 repeat ``==``."""
 
+import re
 import warnings
 
 import numpy as np
@@ -292,3 +293,31 @@ def test_the_health_rules_say_a_label_leak_and_a_defence_ends_it(worker, tmp_pat
     (leak,) = found["plain"]
     assert leak.where == "body" and "protecting={'body': Protection(" in leak.advice
     assert found["protected"] == []
+
+
+def test_what_leaks_is_in_the_record_and_somatize_health_says_it(worker, tmp_path):
+    import subprocess
+    import sys
+
+    pytest.importorskip("plotly")
+    from somatize import Store
+    from somatize.health import panel, seen
+    from somatize.record import Recorder
+
+    x, y = data("cancer", rows=320)
+    store = Store(str(tmp_path / "store"))
+    g = net(30, 2)
+    trains = {"body": Split(torch.optim.Adam, lr=1e-2)}
+    t = Trainer(g, objective=cross_entropy, trains=trains, workers={"gpu": worker},
+                optimizer=torch.optim.Adam(parameters(g, without=trains), lr=1e-2),
+                auditing=Audit(leaks=True), watching=Recorder(store, run="leaky"))
+    for b in batches(x, y):
+        t.step(b)
+    t.close()
+    body = seen(store, "leaky")["body"]  # the worker's measures and the leaks, one where
+    assert {"grad_norm", "leak_direction_auc", "leak_norm_auc", "input_dcor"} <= set(body)
+    titles = {a.text for a in panel(store, "leaky").layout.annotations}
+    assert {"label leak AUC, direction attack", "distance correlation, input ↔ sent"} <= titles
+    said = subprocess.run([sys.executable, "-m", "somatize", "health", str(tmp_path / "store"),
+                           "leaky"], capture_output=True, text=True, check=True).stdout
+    assert re.search(r"^body\s+label_leak\s+1\s", said, re.M) and "Protection(gradients=" in said
