@@ -49,7 +49,7 @@ train, test = order[:455], order[455:]
 worker = Worker.generic(mode="network")  # a real process; the classes travel to it
 
 
-def trained(protection, epochs=6):
+def trained(protection, epochs=4):
     """The U-shape trained once; the Audit's leak measures and the test accuracy."""
     torch.manual_seed(0)
     g = Graph.somatize(Dense(30, 32).named("encoder") >> Dense(32, 32).named("body").at("server")

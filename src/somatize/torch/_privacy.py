@@ -347,7 +347,7 @@ def privacy_for(protecting: Any, audit: Any, trains: Mapping[str, Any]) -> Priva
         if not isinstance(protection, Protection):
             raise TypeError(f"protecting= maps {node!r} to a {type(protection).__qualname__}; "
                             "give a Protection(noise=..., nopeek=..., gradients=...)")
-    measuring = bool(getattr(audit, "leaks", False))
+    measuring = audit is not None and audit.leaks
     if measuring and not trains:
         warnings.warn("Audit(leaks=True) measures what crosses a trained cut, and this Trainer "
                       "trains no node where it runs (trains=): nothing will be measured",

@@ -89,10 +89,10 @@ class Trainer:
     ``health`` fact per node after each measured step (``Audit(leaks=True)`` adds, per
     trained cut, what a worker could learn from what it is sent); ``protecting={node:
     Protection(...)}`` guards what crosses a trained node's cut before it is sent
-    (``_privacy``); ``close()`` takes the hooks off
-    (so does collecting the Trainer). With ``micro`` pieces and a trained stage on a
-    worker, the pieces overlap, with the same losses and weights bit for bit; they run
-    one after another with ``pipeline=False``, and while watched or audited.
+    (``_privacy``); ``close()`` takes the hooks off (so does collecting the Trainer).
+    With ``micro`` pieces and a trained stage on a worker, the pieces overlap, with the
+    same losses and weights bit for bit; they run one after another with
+    ``pipeline=False``, and while watched, audited or protected.
 
     What is certainly wrong is refused here, before the first step: the same weights
     in two optimizers, a node both frozen and trained, a cache over something still
