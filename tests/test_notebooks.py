@@ -54,3 +54,10 @@ def test_the_health_notebook(tmp_path, monkeypatch):
     assert "Most of what l2 produces is exactly 0" in printed  # each finding with its advice
     assert "loss plateau since step 1" in printed  # the run's own symptom: shuffled labels
     assert "= ln 3, a uniform guess over 3 classes" in printed
+
+
+@pytest.mark.slow
+def test_the_privacy_notebook(tmp_path, monkeypatch):
+    printed = run("07_privacy.py", tmp_path, monkeypatch)
+    assert "the gradient defence hides the labels: True" in printed
+    assert "nopeek sends less of the input: True" in printed

@@ -23,7 +23,10 @@ _LOSS_ROW = (LOSS, "loss", True, ("plateau", "diverging", "oscillating"))
 _ROWS = (("grad_norm", "gradient norm", True, ("vanishing", "exploding")),
          ("update_ratio", "update ratio ‖Δw‖/‖w‖", True, ("not_updating", "update_too_large")),
          ("act_zero", "share of zeros (dying)", False, ("dying",)),
-         ("act_saturated", "share saturated", False, ("saturated",)))
+         ("act_saturated", "share saturated", False, ("saturated",)),
+         ("leak_direction_auc", "label leak AUC, direction attack", False, ("label_leak",)),
+         ("leak_norm_auc", "label leak AUC, norm attack", False, ()),
+         ("input_dcor", "distance correlation, input ↔ sent", False, ()))
 _MARK = "rgb(214, 39, 40)"
 _COLOURS = ("#4c78a8", "#f58518", "#54a24b", "#b279a2", "#e45756", "#72b7b2", "#eeca3b",
             "#ff9da6", "#9d755d", "#bab0ac")

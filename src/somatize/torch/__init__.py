@@ -35,6 +35,7 @@ from ._learning import Learning, Split, envelope, gradient
 from ._learning import answers as _answers
 from ._learning import shared_by as _shared_by
 from ._module import module
+from ._privacy import Protection
 from ._probe import probe
 from ._shared import ANSWERS as _SHARED_ANSWERS
 from ._shared import Shared as _Shared
@@ -55,6 +56,7 @@ __all__ = [
     "Learning",
     "NoGradient",
     "OutOfStep",
+    "Protection",
     "Result",
     "Split",
     "Trainer",

@@ -185,6 +185,7 @@ class StagedDriver:
         self._passed: Any = None
         self._compiled: tuple[Any, list[tuple[Walk, Back | None]]] = (None, [])
         self.health: list[dict[str, Any]] = []  # what trainers on workers measured
+        self.privacy: Any = None  # what protects and measures what crosses (``_privacy``)
 
     def _session(self) -> Any:
         """A session of this driver's own on the workers, which keeps state: its
@@ -273,9 +274,10 @@ class StagedDriver:
                 leaves, values = _NOTHING, ()
             else:
                 leaves = {p: _fresh(produced[p]) for p in stage.outside}
+                sent = leaves if self.privacy is None else self._protected(stage, x, leaves)
                 values = ([Opaque(self._narrowed(leaf, dtype, stage.takers.get(p), "given"))
-                           for (p, leaf), dtype in zip(leaves.items(), stage.narrows)]
-                          if stage.narrowing else [Opaque(leaf) for leaf in leaves.values()])
+                           for (p, leaf), dtype in zip(sent.items(), stage.narrows)]
+                          if stage.narrowing else [Opaque(leaf) for leaf in sent.values()])
             answer = walk.run(one, x, values, broker, store if k == 0 else None, later)
             if later:
                 numbers.append(pipe.forwarded(k))
@@ -296,6 +298,17 @@ class StagedDriver:
                    for n in self.leaves}
         output = next(iter(outputs.values())) if len(outputs) == 1 else outputs
         return (produced, handed, outputs, numbers), output
+
+    def _protected(self, stage: Stage, x: Any, leaves: dict[str, Any]) -> dict[str, Any]:
+        """What a stage is sent in place of the leaves handed to it: each trainer's
+        input as its protection has it (``_privacy``); the leaves stay as they are."""
+        sent = dict(leaves)
+        for enters, producers in stage.entries:
+            for producer in producers:
+                if producer in leaves:
+                    sent[producer] = self.privacy.sending(self._user(enters), x,
+                                                          leaves[producer])
+        return sent
 
     def backward(self, one: Pass) -> None:
         """After the objective's backward: hands every stage what it is owed, last
@@ -321,8 +334,10 @@ class StagedDriver:
             back = walks[k][1]
             if back is not None:
                 behind = 0 if pipe is None else pipe.behind(k, numbers[k])
-                answers = back.run(one, {n: envelope(owed.get(n) if dtype is None else
-                                                     self._narrowed(owed.get(n), dtype, n, "handed"),
+                sent = {n: owed.get(n) if self.privacy is None else
+                        self.privacy.gradient_sent(n, owed.get(n)) for n in stage.back_given}
+                answers = back.run(one, {n: envelope(sent[n] if dtype is None else
+                                                     self._narrowed(sent[n], dtype, n, "handed"),
                                                      behind=behind)
                                          for n, dtype in zip(stage.back_given, stage.compress)},
                                    broker, later)
