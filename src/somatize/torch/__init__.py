@@ -25,6 +25,7 @@ torch`` in here is the usual one.
 from __future__ import annotations
 
 from .._errors import NoGradient, OutOfStep
+from ._aggregate import bulyan, fedmedian, fedtrimmedavg, krum
 from ._architecture import architecture, kind_of, traced
 from ._audit import Audit
 from ._checkpoint import ANSWERS as _CHECKPOINT_ANSWERS
@@ -57,12 +58,16 @@ __all__ = [
     "Split",
     "Trainer",
     "architecture",
+    "bulyan",
     "envelope",
     "fedavg",
+    "fedmedian",
+    "fedtrimmedavg",
     "freeze",
     "gather",
     "gradient",
     "kind_of",
+    "krum",
     "parameters",
     "probe",
     "proxies",
