@@ -35,6 +35,7 @@ from ._learning import Learning, Split, envelope, gradient
 from ._learning import answers as _answers
 from ._learning import shared_by as _shared_by
 from ._probe import probe
+from ._server import FedAdagrad, FedAdam, FedAvgM, FedYogi, ServerOptimizer
 from ._shared import ANSWERS as _SHARED_ANSWERS
 from ._shared import Shared as _Shared
 from ._proxies import EVERY, proxies, proxy
@@ -51,10 +52,15 @@ _shared_by(_Shared)
 __all__ = [
     "Audit",
     "EVERY",
+    "FedAdagrad",
+    "FedAdam",
+    "FedAvgM",
+    "FedYogi",
     "Learning",
     "NoGradient",
     "OutOfStep",
     "Result",
+    "ServerOptimizer",
     "Split",
     "Trainer",
     "architecture",
