@@ -25,12 +25,12 @@ torch`` in here is the usual one.
 from __future__ import annotations
 
 from .._errors import NoGradient, OutOfStep
-from ._aggregate import bulyan, fedmedian, fedtrimmedavg, krum
+from ._aggregate import bulyan, fedavg, fedmedian, fedtrimmedavg, krum
 from ._architecture import architecture, kind_of, traced
 from ._audit import Audit
 from ._checkpoint import ANSWERS as _CHECKPOINT_ANSWERS
 from ._codec import register as _register
-from ._federated import fedavg, gather
+from ._federated import gather
 from ._learning import Learning, Split, envelope, gradient
 from ._learning import answers as _answers
 from ._learning import shared_by as _shared_by

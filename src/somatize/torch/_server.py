@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from ._federated import Export, _averaged
+from ._aggregate import Export, _averaged
 
 __all__ = ["FedAdagrad", "FedAdam", "FedAvgM", "FedYogi", "ServerOptimizer"]
 

@@ -1,0 +1,132 @@
+"""One reader of a round per process, shared by every client waiting on it there.
+
+Each waiting client used to ask the store for every missing part, every ``asking``
+seconds: a round of n clients in one process cost n × n reads a tick. Here one thread
+per (store, round) lists the round's names for all of them, and asks again soon after
+something changed and ever more rarely while nothing does (doubling from
+``_FIRST`` up to ``asking``), so its reads follow what arrives rather than how long the
+round waits. A client of this process that keeps its part or the average pokes the
+reader, which then reads at once: clients in one process learn of each other's parts
+without waiting out a tick.
+
+The thread ends when its last waiter leaves; the next waiter starts a new one.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from ..store import Bound, Store
+
+__all__ = ["Reader", "reader"]
+
+_FIRST = 0.002  # seconds: a directory lists in well under this, so asking sooner is waste
+
+_readers: dict[tuple[str, str], Reader] = {}
+_registry = threading.Lock()
+
+
+class Reader:
+    """The names bound below one round's prefix, as last read, and a version that grows
+    each time they change."""
+
+    def __init__(self, store: Store, prefix: str):
+        self._store, self._prefix = store, prefix
+        self._changed = threading.Condition()
+        self._names: dict[str, Bound] = {}
+        self._version = 0
+        self._waiters = 0
+        self._slowest = 1.0
+        self._poked = False
+        self._failed: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self.reads = 0  # listings made, over this reader's life: what the wait costs
+
+    def names(self) -> tuple[dict[str, Bound], int]:
+        """The names as last read, and their version; re-raises what stopped the reads."""
+        with self._changed:
+            if self._failed is not None:
+                raise self._failed
+            return dict(self._names), self._version
+
+    def wait(self, version: int, timeout: float) -> None:
+        """Returns once the names are newer than ``version``, or after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while self._version == version and self._failed is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._changed.wait(left)
+
+    def poke(self) -> None:
+        """Something was just written to this round here: read it now."""
+        with self._changed:
+            self._poked = True
+            self._changed.notify_all()
+
+    @contextmanager
+    def waiting(self, slowest: float) -> Iterator[Reader]:
+        """Counts the caller among the waiters (starting the reads if it is the first)
+        and asks at least every ``slowest`` seconds while it waits."""
+        with self._changed:
+            self._waiters += 1
+            self._slowest = min(self._slowest, slowest) if self._waiters > 1 else slowest
+            if self._thread is None:
+                self._failed = None
+                self._thread = threading.Thread(target=self._read, daemon=True,
+                                                name=f"somatize-round-{self._prefix}")
+                self._thread.start()
+        try:
+            yield self
+        finally:
+            with self._changed:
+                self._waiters -= 1
+                self._changed.notify_all()
+
+    def _read(self) -> None:
+        interval = _FIRST
+        while True:
+            try:
+                listed = {b.name: b for b in self._store.bound(self._prefix)}
+                failed = None
+            except BaseException as exc:  # noqa: BLE001 - handed to every waiter
+                listed, failed = None, exc
+            with self._changed:
+                self.reads += 1
+                if failed is not None:
+                    self._failed = failed
+                    self._changed.notify_all()
+                elif _digests(listed) != _digests(self._names):
+                    self._names, self._version = listed, self._version + 1
+                    self._changed.notify_all()
+                    interval = _FIRST
+                else:
+                    interval = min(interval * 2, self._slowest)
+                while self._waiters and not self._poked and failed is None:
+                    if not self._changed.wait(interval):
+                        break
+                self._poked = False
+                if self._waiters == 0 or failed is not None:
+                    self._thread = None
+                    return
+
+
+def _digests(names: dict[str, Bound]) -> dict[str, str]:
+    return {name: bound.digest for name, bound in names.items()}
+
+
+def reader(store: Store, prefix: str) -> Reader:
+    """This process's reader of ``prefix`` in ``store`` (made on first use)."""
+    key = (f"{type(store.backend).__qualname__}:{store.where}", prefix)
+    with _registry:
+        found = _readers.get(key)
+        if found is None:
+            found = _readers[key] = Reader(store, prefix)
+            if len(_readers) > 64:  # rounds long over: forget the idle ones
+                for old in [k for k, r in _readers.items() if r._thread is None and k != key]:
+                    del _readers[old]
+        return found
