@@ -30,7 +30,10 @@ from ._architecture import architecture, kind_of, traced
 from ._audit import Audit
 from ._checkpoint import ANSWERS as _CHECKPOINT_ANSWERS
 from ._codec import register as _register
+from ._dp import ClientPrivacy, noise_for, privacy_spent
+from ._evaluate import evaluate
 from ._federated import gather
+from ._fedprox import fedprox
 from ._learning import Learning, Split, envelope, gradient
 from ._learning import answers as _answers
 from ._learning import shared_by as _shared_by
@@ -51,6 +54,7 @@ _shared_by(_Shared)
 
 __all__ = [
     "Audit",
+    "ClientPrivacy",
     "EVERY",
     "FedAdagrad",
     "FedAdam",
@@ -66,15 +70,19 @@ __all__ = [
     "architecture",
     "bulyan",
     "envelope",
+    "evaluate",
     "fedavg",
     "fedmedian",
+    "fedprox",
     "fedtrimmedavg",
     "freeze",
     "gather",
     "gradient",
     "kind_of",
     "krum",
+    "noise_for",
     "parameters",
+    "privacy_spent",
     "probe",
     "proxies",
     "proxy",

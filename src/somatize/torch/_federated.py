@@ -56,9 +56,9 @@ __all__ = ["gather"]
 class _Round:
     """The names one round is kept under."""
 
-    def __init__(self, run: str, round: int):
+    def __init__(self, run: str, round: int, stage: str | None = None):
         self.run, self.round = run, round
-        self.base = f"fed/{run}/{round}"
+        self.base = f"fed/{run}/{round}" if stage is None else f"fed/{run}/{stage}/{round}"
         self.average = f"{self.base}/average"
 
     def client(self, k: int) -> str:
@@ -157,14 +157,22 @@ def gather(store: Store, what: Mapping[str, Mapping[str, Any]], *, run: str, rou
     lease = _checked(store, what, run, round, clients, mine, size, within, asking, lease)
     how = _How(aggregate, server, quorum, privacy, clients, nonfinite)
     key = None if secret is None else _key(_secret(secret), run)
-    names = _Round(run, round)
+    return _through(store, what, _Round(run, round), clients, mine, size, within, asking,
+                    lease, key, how, start)
+
+
+def _through(store: Store, what: Mapping[str, Mapping[str, Any]], names: _Round,
+             clients: int, mine: int, size: float | None, within: float, asking: float,
+             lease: float, key: bytes | None, how: _How, start: Any) -> Export:
+    """One round under ``names``, checked already: keep this part, wait, average."""
+    run, round = names.run, names.round
     deadline = time.monotonic() + within
     bound = _answer_bound(store, names, key)
     if bound is not None:
         return _taken(store, bound, mine, run, round)
     if how.needs_start:
         start = _start(store, names, start)
-    _finite(what, mine, run, round, nonfinite)  # before it is kept, where it would count
+    _finite(what, mine, run, round, how.nonfinite)  # before it is kept, where it would count
     written = dumps(what)  # first: what has no codec is refused before anything is put
     who = f"{socket.gethostname()}/{os.getpid()}"
     me = (store.put(who.encode()), {"client": mine, "by": who})
