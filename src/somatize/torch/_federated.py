@@ -180,7 +180,7 @@ def _through(store: Store, what: Mapping[str, Mapping[str, Any]], names: _Round,
     part = store.put(written)
     store.claim(names.client(mine), part, _signed(key, names.client(mine), part, {
         "client": mine, "clients": clients, "size": size, "by": who}))
-    watch.poke()
+    watch.add(store.resolve(names.client(mine)))
     seen: dict[int, Bound] = {}
     turns = _Turns()
     with watch.waiting(asking):
@@ -197,7 +197,7 @@ def _through(store: Store, what: Mapping[str, Mapping[str, Any]], names: _Round,
                 if turns.take(store, names, lease, me):
                     average = _average(store, names, seen, sizes, who, turns.turn, key, how,
                                        start)
-                    watch.poke()
+                    watch.add(store.resolve(names.average))
                     return average
             give_up = deadline if how.quorum is None or len(seen) < how.quorum \
                 else deadline + lease

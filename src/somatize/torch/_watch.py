@@ -5,9 +5,9 @@ seconds: a round of n clients in one process cost n × n reads a tick. Here one 
 per (store, round) lists the round's names for all of them, and asks again soon after
 something changed and ever more rarely while nothing does (doubling from
 ``_FIRST`` up to ``asking``), so its reads follow what arrives rather than how long the
-round waits. A client of this process that keeps its part or the average pokes the
-reader, which then reads at once: clients in one process learn of each other's parts
-without waiting out a tick.
+round waits. A client of this process that keeps its part or the average hands the
+name to the reader itself, so clients in one process learn of each other's parts at
+once, and the store is read only for what other processes write.
 
 The thread ends when its last waiter leaves; the next waiter starts a new one.
 """
@@ -40,8 +40,8 @@ class Reader:
         self._version = 0
         self._waiters = 0
         self._slowest = 1.0
-        self._poked = False
         self._failed: BaseException | None = None
+        self._idle = threading.Event()  # set when the last waiter leaves: stop reading
         self._thread: threading.Thread | None = None
         self.reads = 0  # listings made, over this reader's life: what the wait costs
 
@@ -62,10 +62,16 @@ class Reader:
                     return
                 self._changed.wait(left)
 
-    def poke(self) -> None:
-        """Something was just written to this round here: read it now."""
+    def add(self, bound: Bound | None) -> None:
+        """A name this process just bound (as the store resolves it): its waiters learn
+        of it now, and nothing is read for it."""
+        if bound is None:
+            return
         with self._changed:
-            self._poked = True
+            if _digests({bound.name: bound}).items() <= _digests(self._names).items():
+                return
+            self._names = {**self._names, bound.name: bound}
+            self._version += 1
             self._changed.notify_all()
 
     @contextmanager
@@ -77,6 +83,7 @@ class Reader:
             self._slowest = min(self._slowest, slowest) if self._waiters > 1 else slowest
             if self._thread is None:
                 self._failed = None
+                self._idle.clear()
                 self._thread = threading.Thread(target=self._read, daemon=True,
                                                 name=f"somatize-round-{self._prefix}")
                 self._thread.start()
@@ -85,7 +92,8 @@ class Reader:
         finally:
             with self._changed:
                 self._waiters -= 1
-                self._changed.notify_all()
+                if self._waiters == 0:
+                    self._idle.set()
 
     def _read(self) -> None:
         interval = _FIRST
@@ -100,19 +108,20 @@ class Reader:
                 if failed is not None:
                     self._failed = failed
                     self._changed.notify_all()
-                elif _digests(listed) != _digests(self._names):
-                    self._names, self._version = listed, self._version + 1
+                elif not _digests(listed).items() <= _digests(self._names).items():
+                    # a round's names are claimed, never unbound, so what was added
+                    # here and is not listed yet stays
+                    self._names, self._version = {**self._names, **listed}, self._version + 1
                     self._changed.notify_all()
                     interval = _FIRST
                 else:
                     interval = min(interval * 2, self._slowest)
-                while self._waiters and not self._poked and failed is None:
-                    if not self._changed.wait(interval):
-                        break
-                self._poked = False
                 if self._waiters == 0 or failed is not None:
                     self._thread = None
                     return
+            # Not on the condition: the names this process adds wake its waiters, and
+            # need no read of the store.
+            self._idle.wait(interval)
 
 
 def _digests(names: dict[str, Bound]) -> dict[str, str]:
