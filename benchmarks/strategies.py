@@ -136,20 +136,21 @@ def parts_of(current, clients, round, mu, attackers):
 
 
 def ours(clients, test, rounds, *, where, run, mu=0.0, stragglers=0.0, attackers=(),
-         within=0.3, **how) -> list[float]:
-    """Rounds through gather, each client a thread that trains its part and keeps it;
-    answers accuracy per round."""
+         within=0.3, threads_train=False, **how) -> list[float]:
+    """Rounds through gather, each client a thread; answers accuracy per round. The
+    parts are trained first, so that a quorum's ``within`` counts from one moment for
+    every client, unless ``threads_train``: then each thread trains its own."""
     store, start = Store(where, durable=False), model_weights()
     current, accuracies, n = start, [], len(clients)
     late_count = int(round_half(stragglers * n))
     for round in range(rounds):
         late = set(np.random.default_rng(round).permutation(n)[:late_count].tolist())
+        parts = {} if threads_train else parts_of(current, clients, round, mu, attackers)
         answers = {}
 
-        def one(k, current=current, round=round, late=late):
-            part = train(current, clients[k], seed=1000 * round + k, mu=mu)
-            if k in attackers:
-                part = flipped(current, part)
+        def one(k, current=current, round=round, late=late, parts=parts):
+            part = parts[k] if parts else train(current, clients[k], seed=1000 * round + k,
+                                                mu=mu)
             if k in late:
                 time.sleep(within + 0.1)  # after the round closed: it takes its average
             answers[k] = gather(store, part, run=run, round=round, clients=n, mine=k,
@@ -334,7 +335,7 @@ def seconds(train_set, test, rounds, folder, simulate):
         times_ours, times_direct = [], []
         for r in range(rounds):
             began = time.perf_counter()
-            ours(clients, test, 1, where=f"{folder}/t{count}-{r}", run="r")
+            ours(clients, test, 1, where=f"{folder}/t{count}-{r}", run="r", threads_train=True)
             times_ours.append(time.perf_counter() - began)
             began = time.perf_counter()
             flower(clients, test, 1, fl.FedAvg())

@@ -331,3 +331,18 @@ def test_an_evaluation_round_is_flowers_weighted_average_of_the_clients_metrics(
     assert store.resolve("fed/r/evaluate/2/average") is not None
     with pytest.raises(ValueError, match="rows=0 is refused"):
         evaluate(store, {"loss": 1.0}, run="r", round=3, clients=1, mine=0, rows=0)
+
+
+def test_a_server_round_refuses_a_replaced_average_of_the_round_before(tmp_path):
+    secret = "a-secret-every-client-of-the-run-is-given-" + "x" * 16
+    store = Store(tmp_path / "s", durable=False)
+    parts = {k: weights(k) for k in range(2)}
+    answers, _ = together(store, parts, run="r", round=0, clients=2, asking=0.01,
+                          secret=secret, server=FedAdam(), start=weights(0))
+    assert all(isinstance(a, dict) for a in answers.values())
+    real = store.resolve("fed/r/0/average")
+    store.bind("fed/r/0/average", store.put(dumps(weights(9))), real.meta)
+    with pytest.raises(somatize.StoreError, match="fed/r/0/average"):
+        gather(store, parts[0], run="r", round=1, clients=2, mine=0, secret=secret,
+               server=FedAdam(), start=weights(0))
+    assert store.resolve("fed/r/1/client/0") is None

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from ..store import Store
-from ._federated import _checked, _How, _key, _Round, _secret, _through
+from ._federated import through
 
 __all__ = ["evaluate"]
 
@@ -40,9 +40,8 @@ def evaluate(store: Store, metrics: Mapping[str, float], *, run: str, round: int
                          "measured on, at least 1")
     what = {"metrics": {name: torch.tensor(float(value), dtype=torch.float64)
                         for name, value in sorted(metrics.items())}}
-    lease = _checked(store, what, run, round, clients, mine, rows, within, asking, lease)
-    how = _How(None, None, quorum, None, clients, "refuse")
-    key = None if secret is None else _key(_secret(secret), run)
-    averaged = _through(store, what, _Round(run, round, "evaluate"), clients, mine, rows,
-                        within, asking, lease, key, how, None)
+    averaged = through(store, what, run=run, round=round, stage="evaluate", clients=clients,
+                       mine=mine, size=rows, within=within, asking=asking, lease=lease,
+                       secret=secret, nonfinite="refuse", aggregate=None, server=None,
+                       quorum=quorum, start=None, privacy=None)
     return {name: float(value) for name, value in averaged["metrics"].items()}

@@ -154,11 +154,25 @@ def gather(store: Store, what: Mapping[str, Mapping[str, Any]], *, run: str, rou
     and another's before anything is averaged. ``nonfinite="warn"`` warns the same and
     averages it all the same.
     """
+    return through(store, what, run=run, round=round, stage=None, clients=clients,
+                   mine=mine, size=size, within=within, asking=asking, lease=lease,
+                   secret=secret, nonfinite=nonfinite, aggregate=aggregate, server=server,
+                   quorum=quorum, start=start, privacy=privacy)
+
+
+def through(store: Store, what: Mapping[str, Mapping[str, Any]], *, run: str, round: int,
+            stage: str | None, clients: int, mine: int, size: float | None, within: float,
+            asking: float, lease: float | None, secret: str | bytes | None, nonfinite: str,
+            aggregate: Any, server: Any, quorum: int | None, start: Any,
+            privacy: Any) -> Export:
+    """gather's round, under ``fed/{run}/{round}`` or, with a ``stage`` (such as
+    ``"evaluate"``), under ``fed/{run}/{stage}/{round}``; everything checked before
+    anything is kept. What ``evaluate`` shares with ``gather``."""
     lease = _checked(store, what, run, round, clients, mine, size, within, asking, lease)
     how = _How(aggregate, server, quorum, privacy, clients, nonfinite)
     key = None if secret is None else _key(_secret(secret), run)
-    return _through(store, what, _Round(run, round), clients, mine, size, within, asking,
-                    lease, key, how, start)
+    return _through(store, what, _Round(run, round, stage), clients, mine, size, within,
+                    asking, lease, key, how, start)
 
 
 def _through(store: Store, what: Mapping[str, Mapping[str, Any]], names: _Round,
@@ -171,7 +185,7 @@ def _through(store: Store, what: Mapping[str, Mapping[str, Any]], names: _Round,
     if bound is not None:
         return _taken(store, bound, mine, run, round)
     if how.needs_start:
-        start = _start(store, names, start)
+        start = _start(store, names, start, key)
     _finite(what, mine, run, round, how.nonfinite)  # before it is kept, where it would count
     written = dumps(what)  # first: what has no codec is refused before anything is put
     who = f"{socket.gethostname()}/{os.getpid()}"
@@ -238,12 +252,19 @@ class _How:
         self.needs_start = server is not None or privacy is not None
 
 
-def _start(store: Store, names: _Round, start: Any) -> Any:
+def _before(store: Store, names: _Round, key: bytes | None) -> Bound | None:
+    """The average of the round before, checked as this round's would be."""
+    if names.round == 0:
+        return None
+    bound = store.resolve(_Round(names.run, names.round - 1).average)
+    return None if bound is None else _checked_mac(store, bound, key)
+
+
+def _start(store: Store, names: _Round, start: Any, key: bytes | None) -> Any:
     """The weights the round began from: the last round's average, or ``start=``."""
-    if names.round > 0:
-        before = store.recall(_Round(names.run, names.round - 1).average)
-        if before is not None:
-            return before
+    before = _before(store, names, key)
+    if before is not None:
+        return _value(store, before)
     if start is None:
         raise ValueError(
             f"round {names.round} of run {names.run!r} has no round before it in the store, "
@@ -389,8 +410,7 @@ def _average(store: Store, names: _Round, seen: dict[int, Bound], sizes: list[fl
 
     meta: dict[str, Any] = {"clients": len(seen), "sizes": sizes, "by": who, "turn": turn,
                             "parts": taken}
-    before = store.resolve(_Round(names.run, names.round - 1).average) \
-        if names.round > 0 else None
+    before = _before(store, names, key)
     if how.privacy is not None:
         average = how.privacy.average(start, list(parts()), names.run, names.round)
         meta["privacy"] = how.privacy.spent(

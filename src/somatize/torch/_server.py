@@ -59,10 +59,6 @@ class ServerOptimizer:
                round: int) -> tuple[torch.Tensor, Any]:
         raise NotImplementedError
 
-    def describe(self) -> dict[str, Any]:
-        """What the step depends on, kept in the round's meta so a mismatch is seen."""
-        return {"optimizer": type(self).__name__, **vars(self)}
-
 
 def _positive(name: str, value: Any, *, zero: bool = False, below_one: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value) \
