@@ -197,7 +197,8 @@ def _through(store: Store, what: Mapping[str, Mapping[str, Any]], names: _Round,
     watch.add(store.resolve(names.client(mine)))
     seen: dict[int, Bound] = {}
     turns = _Turns()
-    with watch.waiting(asking):
+    wanted = [names.average] + [names.client(k) for k in range(clients)]
+    with watch.waiting(asking, wanted):
         while True:
             listed, version = watch.names()
             bound = listed.get(names.average)
@@ -205,6 +206,10 @@ def _through(store: Store, what: Mapping[str, Mapping[str, Any]], names: _Round,
                 return _taken(store, _checked_mac(store, bound, key), mine, run, round)
             _look(store, names, clients, listed, seen, key)
             now = time.monotonic()
+            if how.quorum is not None and now >= deadline and len(seen) < clients:
+                # the reader stops at the first missing part; closing needs them all
+                _look(store, names, clients, _resolved(store, names, clients, seen), seen,
+                      key)
             closing = how.quorum is not None and now >= deadline and len(seen) >= how.quorum
             if len(seen) == clients or closing:
                 sizes = _agreed(seen, clients, run, round)
@@ -216,6 +221,8 @@ def _through(store: Store, what: Mapping[str, Mapping[str, Any]], names: _Round,
             give_up = deadline if how.quorum is None or len(seen) < how.quorum \
                 else deadline + lease
             if now >= give_up:
+                _look(store, names, clients, _resolved(store, names, clients, seen), seen,
+                      key)  # name only the clients that are truly missing
                 raise TimeoutError(_late(store, names, run, round, clients, seen, turns,
                                          within))
             wake = deadline if how.quorum is not None and now < deadline else give_up
@@ -298,6 +305,18 @@ def _look(store: Store, names: _Round, clients: int, listed: Mapping[str, Bound]
             bound = listed.get(names.client(k))
             if bound is not None:
                 seen[k] = _checked_mac(store, bound, key)
+
+
+def _resolved(store: Store, names: _Round, clients: int,
+              seen: dict[int, Bound]) -> dict[str, Bound]:
+    """Every client's part not yet seen that is kept, read from the store now."""
+    found = {}
+    for k in range(clients):
+        if k not in seen:
+            bound = store.resolve(names.client(k))
+            if bound is not None:
+                found[bound.name] = bound
+    return found
 
 
 def _answer_bound(store: Store, names: _Round, key: bytes | None) -> Bound | None:

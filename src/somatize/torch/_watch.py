@@ -2,10 +2,11 @@
 
 Each waiting client used to ask the store for every missing part, every ``asking``
 seconds: a round of n clients in one process cost n × n reads a tick. Here one thread
-per (store, round) lists the round's names for all of them, and asks again soon after
-something changed and ever more rarely while nothing does (doubling from
-``_FIRST`` up to ``asking``), so its reads follow what arrives rather than how long the
-round waits. A client of this process that keeps its part or the average hands the
+per (store, round) asks for the names its waiters still lack — the answer first, and
+nothing else once it is there — on behalf of all of them, soon after something changed
+and ever more rarely while nothing does (doubling from ``_FIRST`` up to ``asking``), so
+its reads follow what arrives rather than how long the round waits. It resolves names
+rather than listing the round: a listing of a bucket reads every record again. A client of this process that keeps its part or the average hands the
 name to the reader itself, so clients in one process learn of each other's parts at
 once, and the store is read only for what other processes write.
 
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 from ..store import Bound, Store
@@ -37,13 +38,14 @@ class Reader:
         self._store, self._prefix = store, prefix
         self._changed = threading.Condition()
         self._names: dict[str, Bound] = {}
+        self._wanted: dict[str, None] = {}  # the names looked for, in order
         self._version = 0
         self._waiters = 0
         self._slowest = 1.0
         self._failed: BaseException | None = None
-        self._idle = threading.Event()  # set when the last waiter leaves: stop reading
+        self._wake = threading.Event()  # a read is wanted now, or the last waiter left
         self._thread: threading.Thread | None = None
-        self.reads = 0  # listings made, over this reader's life: what the wait costs
+        self.reads = 0  # names resolved, over this reader's life: what the wait costs
 
     def names(self) -> tuple[dict[str, Bound], int]:
         """The names as last read, and their version; re-raises what stopped the reads."""
@@ -75,15 +77,16 @@ class Reader:
             self._changed.notify_all()
 
     @contextmanager
-    def waiting(self, slowest: float) -> Iterator[Reader]:
-        """Counts the caller among the waiters (starting the reads if it is the first)
-        and asks at least every ``slowest`` seconds while it waits."""
+    def waiting(self, slowest: float, wanted: Iterable[str]) -> Iterator[Reader]:
+        """Counts the caller among the waiters (starting the reads if it is the first),
+        looks for the ``wanted`` names (the first that is found ends the wait for the
+        rest: the round's answer), and asks at least every ``slowest`` seconds."""
         with self._changed:
             self._waiters += 1
+            self._wanted.update(dict.fromkeys(wanted))
             self._slowest = min(self._slowest, slowest) if self._waiters > 1 else slowest
             if self._thread is None:
                 self._failed = None
-                self._idle.clear()
                 self._thread = threading.Thread(target=self._read, daemon=True,
                                                 name=f"somatize-round-{self._prefix}")
                 self._thread.start()
@@ -93,18 +96,17 @@ class Reader:
             with self._changed:
                 self._waiters -= 1
                 if self._waiters == 0:
-                    self._idle.set()
+                    self._wake.set()
 
     def _read(self) -> None:
         interval = _FIRST
         while True:
             try:
-                listed = {b.name: b for b in self._store.bound(self._prefix)}
+                listed = self._look()
                 failed = None
             except BaseException as exc:  # noqa: BLE001 - handed to every waiter
                 listed, failed = None, exc
             with self._changed:
-                self.reads += 1
                 if failed is not None:
                     self._failed = failed
                     self._changed.notify_all()
@@ -121,7 +123,33 @@ class Reader:
                     return
             # Not on the condition: the names this process adds wake its waiters, and
             # need no read of the store.
-            self._idle.wait(interval)
+            self._wake.wait(interval)
+            self._wake.clear()
+
+
+    def _look(self) -> dict[str, Bound]:
+        """The wanted names not known yet, resolved in order, up to the first one still
+        missing after the answer (a round lacking that part is not complete, whatever
+        else is in; a client counting parts for a quorum reads them itself); none once
+        the answer, the first wanted name, is found."""
+        with self._changed:
+            wanted, known = list(self._wanted), set(self._names)
+        if wanted and wanted[0] in known:
+            return {}
+        found = {}
+        for at, name in enumerate(wanted):
+            if name in known:
+                continue
+            bound = self._store.resolve(name)
+            with self._changed:
+                self.reads += 1
+            if bound is not None:
+                found[name] = bound
+                if at == 0:
+                    break
+            elif at > 0:
+                break
+        return found
 
 
 def _digests(names: dict[str, Bound]) -> dict[str, str]:
