@@ -6,9 +6,10 @@ per (store, round) asks for the names its waiters still lack — the answer firs
 nothing else once it is there — on behalf of all of them, soon after something changed
 and ever more rarely while nothing does (doubling from ``_FIRST`` up to ``asking``), so
 its reads follow what arrives rather than how long the round waits. It resolves names
-rather than listing the round: a listing of a bucket reads every record again. A client of this process that keeps its part or the average hands the
-name to the reader itself, so clients in one process learn of each other's parts at
-once, and the store is read only for what other processes write.
+rather than listing the round: a listing of a bucket reads every record again. A
+client of this process that keeps its part or the average hands the name to the reader
+itself, so clients in one process learn of each other's parts at once, and the store
+is read only for what other processes write.
 
 The thread ends when its last waiter leaves; the next waiter starts a new one.
 """
@@ -24,15 +25,15 @@ from ..store import Bound, Store
 
 __all__ = ["Reader", "reader"]
 
-_FIRST = 0.002  # seconds: a directory lists in well under this, so asking sooner is waste
+_FIRST = 0.002  # seconds: a name on a folder resolves in ~12 us; sooner is mostly waste
 
 _readers: dict[tuple[str, str], Reader] = {}
 _registry = threading.Lock()
 
 
 class Reader:
-    """The names bound below one round's prefix, as last read, and a version that grows
-    each time they change."""
+    """The wanted names of one round found bound so far, and a version that grows each
+    time more are found."""
 
     def __init__(self, store: Store, prefix: str):
         self._store, self._prefix = store, prefix
