@@ -114,9 +114,9 @@ def client(mine: int, args: argparse.Namespace, where: tuple, token: str, turns,
     def step():
         nonlocal steps, took
         rows = torch.randint(len(x), (BATCH,), generator=order)
-        before, began = worker.link.traffic(), time.perf_counter()
+        before, began = worker.traffic(), time.perf_counter()
         losses.append(trainer.step((x[rows], y[rows])))
-        after = worker.link.traffic()
+        after = worker.traffic()
         if steps:  # the first step also brings the catalog (and connects): not a step's
             took += time.perf_counter() - began
             for way in crossed:

@@ -78,6 +78,27 @@ class TransportContract:
             failing.forward(0, broker={"h": place})
         assert caught.value.node == "later" and caught.value.host == "h"
 
+    def test_a_session_that_keeps_nothing_takes_another_catalog(self, place):
+        session = Broker({"h": place}).session()  # keeps nothing, as a plain graph's
+        count = Graph.somatize(nodes.Count().named("c").at("h"))
+        twice = Graph.somatize(nodes.Twice().named("t").at("h"))
+        assert count.forward(0, broker=session) == 1
+        assert twice.forward(3, broker=session) == 6
+        assert count.forward(0, broker=session) == 1  # made again from its first copy
+
+    @pytest.mark.parametrize("how, raised", [("exit", "SystemExit"),
+                                             ("interrupt", "KeyboardInterrupt")])
+    def test_work_left_for_afterwards_that_exits_is_said_and_the_host_serves_on(
+            self, place, how, raised):
+        g = Graph.somatize(nodes.Later().named("later").at("h"))
+        first = g.forward(0, broker={"h": place})
+        with pytest.raises(NodeError, match=raised) as caught:
+            g.forward(how, broker={"h": place})  # said here, or in place of the next slice
+            g.forward(0, broker={"h": place})
+        assert caught.value.node == "later" and caught.value.host == "h"
+        # the work that exited did not count, and the session serves on
+        assert g.forward(0, broker={"h": place}) == first + 1
+
     def test_a_restart_is_said_to_a_session_that_keeps_state(self, place):
         broker = Broker({"h": place})
         kept, plain = broker.session(keeps=True), broker.session()

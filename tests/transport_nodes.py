@@ -68,8 +68,9 @@ class Lin(Node):
 
 
 class Later(Node):
-    """Answers how many times its work ran, and leaves that work (a count, or a
-    ValueError for an input of "fail") for after its answer."""
+    """Answers how many times its work ran, and leaves that work (a count; a
+    ValueError for an input of "fail", SystemExit for "exit", KeyboardInterrupt for
+    "interrupt") for after its answer."""
 
     def __init__(self):
         self.done = 0
@@ -81,4 +82,8 @@ class Later(Node):
     def _work(self, x):
         if x == "fail":
             raise ValueError("the work after the answer failed")
+        if x == "exit":
+            raise SystemExit("the work after the answer exited")
+        if x == "interrupt":
+            raise KeyboardInterrupt("the work after the answer was interrupted")
         self.done += 1

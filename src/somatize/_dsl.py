@@ -12,6 +12,7 @@ or whatever ``.named`` said; a default never takes a name somebody chose.
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Collection
 from typing import Any
@@ -137,6 +138,13 @@ def as_piece(thing: Any) -> Piece:
         return thing
     forward = getattr(thing, "forward", None)
     if forward is not None and callable(forward) and not isinstance(thing, type):
+        if _a_torch_module_without_ctx(thing, forward):
+            raise DeclarationError(
+                f"a torch {type(thing).__qualname__} cannot be a node as it is: its forward "
+                "takes the input alone, and a node's takes (input, ctx); wrap it as "
+                f"somatize.torch.module(m) — its forward is m(x), and its weights and export "
+                "keys are m's own"
+            )
         return Piece("one", node=thing)
     if isinstance(thing, type) and callable(getattr(thing, "forward", None)):
         raise DeclarationError(
@@ -147,6 +155,23 @@ def as_piece(thing: Any) -> Piece:
         f"a {type(thing).__qualname__} cannot be part of a graph: a node is an object with "
         "forward(input, ctx) — subclass somatize.Node"
     )
+
+
+def _a_torch_module_without_ctx(thing: Any, forward: Any) -> bool:
+    """Whether ``thing`` is a ``torch.nn.Module`` whose forward cannot take ``(input,
+    ctx)``: used as a node it would fail at its first forward. Told by its classes'
+    names, since the core never imports torch; a module written as a node (a
+    ``Node`` too, or a forward that takes ctx) is left alone."""
+    if not any(c.__name__ == "Module" and c.__module__ == "torch.nn.modules.module"
+               for c in type(thing).__mro__):
+        return False
+    try:
+        inspect.signature(forward).bind(None, None)
+    except TypeError:
+        return True
+    except ValueError:  # no signature to be read: nothing certain to refuse
+        return False
+    return False
 
 
 def _flatten(piece: Piece, outer: dict, entries: list, edges: list) -> tuple[list[int], list[int]]:

@@ -29,7 +29,8 @@ ValueError`` keeps working for code that has never heard of somatize::
     └── OutOfStep               RuntimeError a gradient for an activation that is gone
 
 Foreign exceptions are translated at one boundary each (the walk, the store, the
-wire); nothing else catches broadly.
+wire); nothing else catches broadly. Every one pickles with its fields
+(``SomaError.__reduce__``), so it crosses a process boundary as itself.
 """
 
 from __future__ import annotations
@@ -63,7 +64,24 @@ __all__ = [
 
 
 class SomaError(Exception):
-    """The base of everything somatize raises on purpose."""
+    """The base of everything somatize raises on purpose.
+
+    Every one crosses a process boundary (a process pool, a Ray task, a submitit job)
+    as itself, its fields included: pickle's default would call ``type(error)(*args)``,
+    which an error whose fields are keyword-only (``NodeError``, ``Lost``) or extra
+    (``CycleError``) refuses, so the error is remade without ``__init__``, from its
+    ``args`` and its attributes (an ``OSError``'s errno and file names among them).
+    """
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        fields = dict(self.__dict__)
+        if isinstance(self, OSError):
+            # OSError's own slots, not in __dict__; only those set are put back, since
+            # one set to None prints otherwise than one never set
+            for name in ("errno", "strerror", "filename", "filename2"):
+                if getattr(self, name) is not None:
+                    fields[name] = getattr(self, name)
+        return _remade, (type(self), self.args), fields or None
 
 
 class DeclarationError(SomaError, ValueError):
@@ -188,6 +206,14 @@ def whole_number(value: Any, name: str, *, least: int = 1, of: str = "") -> int:
         said = f"{of}: " if of else ""
         raise NotWhole(f"{said}{name}={value!r}; {name} is a whole number from {least} up")
     return value
+
+
+def _remade(cls: type[SomaError], args: tuple[Any, ...]) -> SomaError:
+    """An error of type ``cls`` holding ``args``, its ``__init__`` left uncalled; pickle
+    then puts its attributes back (``SomaError.__reduce__``)."""
+    error = cls.__new__(cls, *args)
+    error.args = args
+    return error
 
 
 def walk_error(exc: SomaError) -> SomaError:

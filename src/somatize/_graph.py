@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from ._plan import Plan
 
 __all__ = ["DECLARATIONS", "Graph", "GraphData", "assembled", "describe", "generated",
-           "hand_down", "identity", "made_from", "undescribed", "validate_device",
+           "hand_down", "identity", "made_from", "undescribed", "user_ids", "validate_device",
            "validate_host"]
 
 validate_device = valid_device
@@ -58,6 +58,11 @@ def generated(base: str, role: str) -> str:
 def made_from(node_id: str) -> str:
     """The user's id an id stands for: itself, or the node a made id stands beside."""
     return node_id.split(_MADE, 1)[0]
+
+
+def user_ids(ids: Iterable[str]) -> list[str]:
+    """``ids`` as the user knows them, in order, each once: what a message names."""
+    return list(dict.fromkeys(map(made_from, ids)))
 
 
 @dataclass(frozen=True, eq=False)

@@ -123,11 +123,12 @@ class Runner:
         of a shared pool; a transport that can send now and read later overrides it."""
         return _shared_pool().submit(self.run, piece)
 
-    def session(self, keeps: bool = False) -> Runner:
+    def session(self, keeps: bool = False, shares: bool = False) -> Runner:
         """A backend whose slices run against state of their own on every host, apart
         from anybody else's; ``keeps`` says that state learns there (a trainer's), so
-        losing it must be said, never made good from the first copy. A backend that
-        keeps nothing apart answers itself."""
+        losing it must be said, never made good from the first copy, and ``shares``
+        that its slices may wait there for other clients' (a shared trainer's). A
+        backend that keeps nothing apart answers itself."""
         return self
 
     def close(self) -> None:

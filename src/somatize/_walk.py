@@ -22,6 +22,7 @@ from typing import Any
 
 from ._codec import DATA_TYPES
 from ._errors import EdgeError, Lost, NodeError, walk_error
+from ._graph import made_from
 from ._node import Ctx, Done, Opaque
 
 __all__ = ["FAR", "Hooks", "LostValue", "MANY", "ONE", "Program", "ROOT", "SKIP", "gather",
@@ -41,11 +42,12 @@ class LostValue:
         self.node, self.host, self.why = node, host, why
 
     def read(self, reader: str) -> Any:
+        reader, node = made_from(reader), made_from(self.node)
         raise walk_error(Lost(
-            f"node {reader!r} reads the output of {self.node!r}, which stayed on host "
+            f"node {reader!r} reads the output of {node!r}, which stayed on host "
             f"{self.host!r}: {self.why}. Place {reader!r} on {self.host!r} too, or make "
-            f"{self.node!r} answer with something that can travel (data, or an Opaque with a codec)",
-            node=self.node, host=self.host,
+            f"{node!r} answer with something that can travel (data, or an Opaque with a codec)",
+            node=node, host=self.host,
         ))
 
 
@@ -134,7 +136,7 @@ def settle(value: Any, who: str | None) -> Any:
         if cls is Done:
             value = value.value
             continue
-        where = "the input" if who is None else f"node {who!r}"
+        where = "the input" if who is None else f"node {made_from(who)!r}"
         said = "was given" if who is None else "returned"
         raise walk_error(EdgeError(
             f"{where} {said} a {cls.__module__}.{cls.__qualname__}, which cannot cross an "
@@ -199,7 +201,7 @@ def walk(prog: Program, order: list[int], vals: list[Any], value: Any, hooks: Ho
             raise
         raise failed(prog, i, exc, emit) from exc
     except BaseException as exc:  # Ctrl-C and exit go on as they are, saying where
-        exc.soma_node = prog.ids[i]
+        exc.soma_node = made_from(prog.ids[i])
         raise
 
 
@@ -225,8 +227,10 @@ def gather(prog: Program, i: int, vals: list[Any], value: Any) -> Any:
 
 
 def failed(prog: Program, i: int, exc: BaseException, emit: Any) -> NodeError:
-    """A node's exception as the walk reports it: a ``failed`` fact and a NodeError."""
-    node = prog.ids[i]
+    """A node's exception as the walk reports it: a ``failed`` fact and a NodeError,
+    naming the user's node where the id is one the library made beside it (a trainer's
+    positions): the user never wrote that id, and cannot look it up."""
+    node = made_from(prog.ids[i])
     kind = type(exc).__name__
     if emit is not None:
         emit({"fact": "failed", "node": node, "error": f"{kind}: {exc}"})
@@ -239,7 +243,7 @@ def mapped_items(prog: Program, i: int, items: Any) -> list[Any]:
     """The items a ``.mapped()`` node is handed; anything but a list refused."""
     if not isinstance(items, list):
         raise walk_error(EdgeError(
-            f"node {prog.ids[i]!r} is .mapped() and takes a list, but was handed a "
+            f"node {made_from(prog.ids[i])!r} is .mapped() and takes a list, but was handed a "
             f"{type(items).__qualname__}; give it a list, or drop .mapped()"
         ))
     return items
@@ -250,8 +254,9 @@ def mapped_answer(prog: Program, i: int, items: list[Any], out: Any) -> list[Any
     if not isinstance(out, list) or len(out) != len(items):
         what = f"{len(out)} items" if isinstance(out, list) else f"a {type(out).__qualname__}"
         raise walk_error(EdgeError(
-            f"node {prog.ids[i]!r} is .mapped(): handed {len(items)} items it answered with "
-            f"{what}; a mapped node answers with a list as long as its input, item for item"
+            f"node {made_from(prog.ids[i])!r} is .mapped(): handed {len(items)} items it "
+            f"answered with {what}; a mapped node answers with a list as long as its input, "
+            "item for item"
         ))
     return out
 

@@ -50,6 +50,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--session-lease", type=float, default=86400.0, metavar="S",
                         help="a session idle this long is let go, and its owner told so at "
                              "its next slice (default 86400: a day)")
+    parser.add_argument("--shared-patience", type=float, default=30.0, metavar="S",
+                        help="how long a trainer several clients share waits for a client "
+                             "that owes it a gradient before that client's step is dropped "
+                             "and the others go on (default 30)")
     parser.add_argument("--max-frame", type=int, default=None, metavar="BYTES",
                         help="the largest frame accepted (default 4 GiB)")
     parser.add_argument("--max-header", type=int, default=None, metavar="BYTES",
@@ -99,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--max-sessions is at least 1, not {args.max_sessions}")
     if not args.session_lease > 0:
         parser.error(f"--session-lease is a positive number of seconds, not {args.session_lease}")
+    if not args.shared_patience > 0:
+        parser.error(f"--shared-patience is a positive number of seconds, not "
+                     f"{args.shared_patience}")
     tls = _tls(parser, args.tls_cert, args.tls_key)
     log = None
     if args.log is not None:
@@ -107,12 +114,12 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as exc:
             parser.error(f"--log {args.log}: {exc.strerror or exc}")
     return _serve(host, port, token, tls, args.timeout, limits, log, (most, waiting), args.quiet,
-                  (args.max_sessions, args.session_lease))
+                  (args.max_sessions, args.session_lease, args.shared_patience))
 
 
 def _serve(host: str, port: int, token: bytes | None, tls: Any, timeout: float, limits: Any,
            log: int | None = None, bounds: tuple[int, int] = (128, 16),
-           quiet: bool = False, sessions: tuple[int, float] = (64, 86400.0)) -> int:
+           quiet: bool = False, sessions: tuple[int, float, float] = (64, 86400.0, 30.0)) -> int:
     from .wire.server import Server, say
 
     say.routine_too = not quiet
@@ -120,7 +127,8 @@ def _serve(host: str, port: int, token: bytes | None, tls: Any, timeout: float, 
     try:
         server = Server(host, port, token=token, tls=tls, timeout=timeout, limits=limits,
                         max_connections=bounds[0], max_unauthenticated=bounds[1],
-                        max_sessions=sessions[0], session_lease=sessions[1])
+                        max_sessions=sessions[0], session_lease=sessions[1],
+                        shared_patience=sessions[2])
     except OSError as exc:
         print(f"somatize.worker: cannot listen on {host}:{port}: {exc.strerror or exc}",
               file=sys.stderr)

@@ -70,3 +70,44 @@ class Meets(Lin):
                 raise RuntimeError("no other forward ran meanwhile")
             time.sleep(0.01)
         return super().forward(x, ctx)
+
+
+class Broken(Lin):
+    """A layer whose forward raises, as a user's node with a bug would."""
+
+    def forward(self, x, ctx):
+        raise RuntimeError("broken on purpose")
+
+
+class Forges(Lin):
+    """A layer that hands on its output dressed as a narrowed tensor naming a type that
+    is not a floating one, as a hostile or mismatched peer would."""
+
+    def forward(self, x, ctx):
+        from somatize.torch._learning import NARROWED
+
+        return {NARROWED: [Opaque(super().forward(x, ctx).value), "int64"]}
+
+
+class Loud(Lin):
+    """A layer whose answers reach past float16's largest value (65504)."""
+
+    def forward(self, x, ctx):
+        return Opaque(super().forward(x, ctx).value * 1e5)
+
+
+class _LoudBack(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 1e9
+
+
+class LoudBack(Lin):
+    """A layer whose gradient for its input reaches past float16's largest value."""
+
+    def forward(self, x, ctx):
+        return Opaque(self.lin(_LoudBack.apply(x)).relu())

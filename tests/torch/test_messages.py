@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from somatize import Ctx, DeclarationError
+from somatize import Ctx, DeclarationError, Opaque
 from somatize.torch import Split, envelope
 from somatize.torch._checkpoint import ANSWERS as CHECKPOINT_ANSWERS
 from somatize.torch._checkpoint import RESTORE, STATE
@@ -72,8 +72,12 @@ def test_each_message_is_answered_by_its_features_handler_under_its_own_key():
 def test_an_activation_that_is_a_map_of_one_key_is_still_an_activation():
     node, split = trained()
     split.entering(torch.randn(4, 3), Ctx())
-    made = {"out": torch.randn(4, 2)}
-    assert split.forward(made, Ctx()) is made and split.held is made
+    made = {"out": torch.randn(4, 2, requires_grad=True) * 2}
+    went = split.forward(made, Ctx())
+    assert split.held is made  # kept as the activation, not answered as a message
+    # ...and what goes on is cut from it, as a lone tensor would be
+    assert type(went) is Opaque and went.value.keys() == {"out"}
+    assert torch.equal(went.value["out"], made["out"]) and not went.value["out"].requires_grad
 
 
 def test_a_message_key_is_one_features_reserved_and_never_an_envelopes():
@@ -97,7 +101,10 @@ def test_the_handlers_are_the_features_and_the_trainer_imports_none_of_them():
     assert set(WEIGHTS_ANSWERS) == {ASKING, LOADING}
     assert set(CHECKPOINT_ANSWERS) == {STATE, RESTORE}
     imports = _imports()
-    assert imports["_learning"] == set(), imports["_learning"]  # the core only
+    # the core only, and the walk through a value's tensors, which is no feature and
+    # imports nothing of this package itself
+    assert imports["_learning"] <= {"_tensors"}, imports["_learning"]
+    assert imports["_tensors"] == set(), imports["_tensors"]
     assert "_learning" not in imports["_weights"] | imports["_checkpoint"]
     assert _circle(imports) is None, _circle(imports)
 

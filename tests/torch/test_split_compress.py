@@ -3,13 +3,14 @@ travels in the narrower type, against the same model written in plain torch with
 same four roundings by hand; the bytes that cross a real worker's socket; and the
 record saying so."""
 
+import re
 import warnings
 
 import pytest
 import torch
-from splitnets import Lin
+from splitnets import Lin, Loud, LoudBack
 
-from somatize import Broker, Graph, Opaque, Worker
+from somatize import Broker, Graph, Worker
 from somatize.torch import Split, Trainer, parameters
 
 mse = torch.nn.functional.mse_loss
@@ -137,18 +138,12 @@ def test_compress_names_what_it_takes():
     assert Split(torch.optim.SGD, lr=0.1, compress=torch.float16).compress is torch.float16
 
 
-class Loud(Lin):
-    """A layer whose answers reach past float16's largest value."""
-
-    def forward(self, x, ctx):
-        return Opaque(super().forward(x, ctx).value * 1e5)
-
-
 def test_fp16_says_so_when_what_crosses_is_beyond_its_range_and_bf16_carries_it(worker):
     torch.manual_seed(0)
     g = Graph.somatize(Loud(8, 8).named("encoder") >> Lin(8, 8).at("w").named("body")
                        >> Lin(8, 1, relu=False).named("head"))
-    with pytest.warns(RuntimeWarning, match=r"beyond float16's range.*compress='bf16'"):
+    with pytest.warns(RuntimeWarning, match=r"given to node 'body' \(on host 'w'\).*beyond "
+                      r"float16's range.*compress='bf16'"):
         trainer(g, "fp16", worker).step(batches(1)[0])
     torch.manual_seed(0)
     g = Graph.somatize(Loud(8, 8).named("encoder") >> Lin(8, 8).at("w").named("body")
@@ -156,6 +151,24 @@ def test_fp16_says_so_when_what_crosses_is_beyond_its_range_and_bf16_carries_it(
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # bf16 has float32's range: nothing to say
         trainer(g, "bf16", worker).step(batches(1)[0])
+
+
+@pytest.mark.parametrize("body, said", [
+    (Loud, "the output of node 'body' (on host 'w')"),
+    (LoudBack, "the gradient answered by node 'body' (on host 'w')")])
+def test_fp16_overflow_where_the_worker_narrows_is_said_here_naming_node_and_host(worker, body,
+                                                                                said):
+    torch.manual_seed(0)
+    g = Graph.somatize(Lin(8, 8).named("encoder") >> body(8, 8).at("w").named("body")
+                       >> Lin(8, 1, relu=False).named("head"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer(g, "fp16", worker).step(batches(1)[0])
+    told = [w for w in caught if said in str(w.message)]
+    assert len(told) == 1 and told[0].category is RuntimeWarning
+    assert told[0].filename == __file__  # at the user's own call, not inside somatize
+    assert re.search(r"\d+ values of .*beyond float16's range.*compress='bf16'.*compress out",
+                     str(told[0].message))
 
 
 def test_a_narrowed_tensor_naming_no_floating_type_is_refused_not_looked_up():

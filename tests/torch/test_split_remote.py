@@ -1,11 +1,14 @@
 """Split training with the far half on a real worker process: bit for bit, and the
 trainer's weights read back from where they are (a restart: test_split_sessions)."""
 
+import contextlib
+import traceback
+
 import pytest
 import torch
-from splitnets import Lin
+from splitnets import Broken, Forges, Lin
 
-from somatize import Broker, DeclarationError, Graph, Worker
+from somatize import Broker, DeclarationError, Graph, NodeError, Worker
 from somatize.torch import Split, Trainer, parameters
 
 mse = torch.nn.functional.mse_loss
@@ -153,3 +156,50 @@ def test_a_load_refused_on_either_side_changes_nothing_on_both(worker, spoil, sa
     with pytest.raises(DeclarationError, match=says):
         t.load(wrong)
     assert same(t.export(), before)
+
+
+# -- errors name the user's ids, never the ids the driver makes beside a trained node ----
+def said_once(error, phrase):
+    """The whole traceback of ``error`` as printed (causes, the worker's included), with
+    ``phrase`` said in it exactly once and no made id anywhere."""
+    printed = "".join(traceback.format_exception(error))
+    assert "\x1f" not in printed and "\\x1f" not in printed, printed
+    assert printed.count(phrase) == 1, printed
+    return printed
+
+
+@pytest.mark.parametrize("where", ["here", "on a worker"])
+def test_a_trained_node_that_raises_is_named_by_its_own_id(capfd, where):
+    torch.manual_seed(0)
+    body = Broken(8, 6).named("body")
+    g = Graph.somatize(Lin(8, 8).named("encoder") >> (body if where == "here" else body.at("gpu"))
+                       >> Lin(6, 1, relu=False).named("head"))
+    trains = {"body": Split(torch.optim.SGD, lr=0.1)}
+    # a worker of its own, started while its log is captured
+    with (Worker.generic(mode="network", send=["splitnets"]) if where != "here"
+          else contextlib.nullcontext()) as worker:
+        t = Trainer(g, objective=mse, trains=trains, workers={"gpu": worker} if worker else None,
+                    optimizer=torch.optim.SGD(parameters(g, without=trains), lr=0.1))
+        with pytest.raises(NodeError) as caught:
+            t.step(batches(1)[0])
+    error = caught.value
+    assert (error.node, error.kind) == ("body", "RuntimeError")
+    assert error.host == (None if where == "here" else "gpu")
+    said_once(error, "node 'body' (Broken) raised RuntimeError: broken on purpose")
+    logged = capfd.readouterr().err  # the worker's own log names it so too
+    assert "\x1f" not in logged and "\\x1f" not in logged
+    if where == "on a worker":
+        assert "slice ['body'] failed" in logged
+
+
+def test_a_forged_narrowed_type_is_refused_naming_the_node_it_was_handed_to(worker):
+    torch.manual_seed(0)
+    g = Graph.somatize(Forges(8, 8).named("encoder") >> Lin(8, 6).named("body").at("gpu")
+                       >> Lin(6, 1, relu=False).named("head"))
+    trains = {"body": Split(torch.optim.SGD, lr=0.1)}
+    t = Trainer(g, objective=mse, trains=trains, workers={"gpu": worker},
+                optimizer=torch.optim.SGD(parameters(g, without=trains), lr=0.1))
+    with pytest.raises(NodeError, match="not a floating torch dtype") as caught:
+        t.step(batches(1)[0])
+    assert (caught.value.node, caught.value.host, caught.value.kind) == ("body", "gpu", "TypeError")
+    said_once(caught.value, "node 'body' (Enters) raised TypeError")

@@ -12,7 +12,7 @@ import pytest
 import torch
 from splitnets import Lin
 
-from somatize import Broker, DeclarationError, Graph, StateLost, Worker
+from somatize import Broker, DeclarationError, Graph, Opaque, StateLost, Worker
 from somatize.torch import Split, Trainer, parameters
 
 mse = torch.nn.functional.mse_loss
@@ -152,6 +152,30 @@ def test_a_closed_trainer_lets_go_of_its_session_there(worker):
     assert kept["body"].keys() == {"lin.weight", "lin.bias"}
 
 
+def test_a_trainer_closed_after_its_connection_dropped_still_ends_its_session(tmp_path):
+    log = tmp_path / "worker.log"
+    with Worker.generic(mode="network", send=["splitnets"], log=log) as w:
+        t = trainer(w)
+        t.step(batches(1)[0])
+        w.link.close()  # the connection is gone; the session outlives it
+        t.close()
+        said = log.read_text()
+        assert "closed by its owner" in said, said[-2000:]
+        with pytest.raises(StateLost, match="its owner closed it"):
+            t.step(batches(1)[0])
+
+
+def test_a_trainer_closed_where_its_worker_is_gone_warns_and_trains_no_more():
+    w = Worker.generic(mode="network", send=["splitnets"])
+    t = trainer(w)
+    t.step(batches(1)[0])
+    w.close()  # the worker process ends with it
+    with pytest.warns(RuntimeWarning, match="could not be told to end session"):
+        t.close()
+    with pytest.raises(StateLost, match="its owner closed it"):  # said here, nothing dialled
+        t.step(batches(1)[0])
+
+
 def test_a_scripts_class_is_named_by_the_users_id_not_a_made_one():
     class Body(Lin):
         pass
@@ -166,3 +190,18 @@ def test_a_scripts_class_is_named_by_the_users_id_not_a_made_one():
     with pytest.raises(DeclarationError, match="node 'body' is a .*Body defined in __main__") as caught:
         t.step(batches(1)[0])  # refused while packing: nothing is dialled
     assert "\x1f" not in str(caught.value) and "mode='network'" in str(caught.value)
+
+
+def test_a_flood_of_sessions_that_keep_nothing_never_evicts_a_trainer(worker):
+    data = batches(3)
+    alone = trainer(worker)
+    lone = [alone.step(b) for b in data]
+    argv = [sys.executable, "-m", "somatize.worker", "--listen", "127.0.0.1:0", "--quiet",
+            "--max-sessions", "2"]
+    with Worker.spawn(argv, mode="network", send=["splitnets"]) as small:
+        t = trainer(small)
+        losses = [t.step(data[0])]
+        for seed in range(6):  # plain graphs on the full worker, each a session of its own
+            net(seed=seed).forward(Opaque(data[0][0]), broker={"gpu": small})
+        losses += [t.step(b) for b in data[1:]]
+    assert losses == lone

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import torch
 from splitnets import Lin, Meets
 
 from somatize import Broker, DeclarationError, Graph, Worker
-from somatize.torch import Split, Trainer, parameters
+from somatize.torch import OutOfStep, Split, Trainer, parameters
 
 mse = torch.nn.functional.mse_loss
 RATES = {torch.optim.SGD: 0.1, torch.optim.Adam: 1e-2}
@@ -34,11 +35,12 @@ class Client:
     """One data holder: its encoder and head here, the shared body on the worker, its
     own connection to it, and copies of where it started, for the replay."""
 
-    def __init__(self, worker, key, optimizer, seed, body_seed, width=6):
+    def __init__(self, worker, key, optimizer, seed, body_seed, width=6, relu=True, micro=1,
+                 every=1, own=None, steps=5, objective=mse):
         torch.manual_seed(seed)
         encoder, head = Lin(8, 8), None
         torch.manual_seed(body_seed)
-        body = Lin(8, width)
+        body = Lin(8, width) if relu else Lin(8, width, relu=False)
         torch.manual_seed(seed + 100)
         head = Lin(width, 1, relu=False)
         self.start = {"encoder": copy.deepcopy(encoder.lin), "body": copy.deepcopy(body.lin),
@@ -47,12 +49,14 @@ class Client:
                            >> head.named("head"))
         lr = RATES[optimizer]
         trains = {"body": Split(optimizer, lr=lr, shared=key)}
-        own = Worker.at("%s:%d" % worker.address("gpu"), mode="network", send=["splitnets"],
-                        token=worker.token)
-        self.trainer = Trainer(g, objective=mse, trains=trains,
+        if own is None:  # a connection of its own, unless handed one to share
+            own = Worker.at("%s:%d" % worker.address("gpu"), mode="network",
+                            send=["splitnets"], token=worker.token)
+        self.trainer = Trainer(g, objective=objective, trains=trains,
                                broker=Broker.embedded({"gpu": own}),
-                               optimizer=optimizer(parameters(g, without=trains), lr=lr))
-        self.data = batches(5, seed=seed)
+                               optimizer=optimizer(parameters(g, without=trains), lr=lr),
+                               micro=micro, every=every)
+        self.data = batches(steps, seed=seed)
         self.losses = []
 
     def step(self, k):
@@ -194,6 +198,24 @@ def test_three_clients_stepping_at_once_are_the_replay_of_the_order_taken(worker
 
 
 @pytest.mark.slow
+def test_clients_as_threads_on_one_worker_object_share_a_body_at_once(worker):
+    # one Worker object, so one client process's connection: each shared session must
+    # be carried apart, or a gradient queues behind a forward that waits for it
+    own = Worker.at("%s:%d" % worker.address("gpu"), mode="network", send=["splitnets"],
+                    token=worker.token)
+    with own:
+        for repeat in range(10):
+            key = uuid.uuid4().hex
+            optimizer = (torch.optim.SGD, torch.optim.Adam)[repeat % 2]
+            clients = [Client(worker, key, optimizer, seed=s, body_seed=7, own=own, steps=30)
+                       for s in range(3)]
+            at_once([lambda c=c: [c.step(k) for k in range(30)] for c in clients], timeout=60)
+            checked_against_replay(clients, optimizer, first=0)
+            for c in clients:
+                c.trainer.close()
+
+
+@pytest.mark.slow
 def test_twenty_concurrent_runs_never_crash_never_mix(worker):
     mixed = 0
     for repeat in range(20):
@@ -243,6 +265,111 @@ def test_a_client_unlike_the_shared_trainer_is_refused_naming_both(worker):
     first.step(1)
     events = checked_against_replay([first], torch.optim.SGD, first=0)
     assert len(events) == 6
+
+
+def test_a_client_whose_node_computes_otherwise_is_refused_naming_both(worker):
+    # the same class, shapes and optimizer: only what the node was built with differs
+    key = uuid.uuid4().hex
+    first = Client(worker, key, torch.optim.SGD, seed=0, body_seed=7)
+    first.step(0)
+    other = Client(worker, key, torch.optim.SGD, seed=1, body_seed=7, relu=False)
+    with pytest.raises(DeclarationError, match="computes one function") as caught:
+        other.step(0)
+    said = str(caught.value)
+    assert "splitnets.Lin(8, 6)" in said and "splitnets.Lin(8, 6, relu=False)" in said
+    first.step(1)  # and the first trains on as if alone
+    assert len(checked_against_replay([first], torch.optim.SGD, first=0)) == 6
+
+
+def test_a_client_cutting_its_steps_into_pieces_joins_at_the_same_cadence(worker):
+    key = uuid.uuid4().hex
+    first = Client(worker, key, torch.optim.SGD, seed=0, body_seed=7)
+    first.step(0)
+    pieces = Client(worker, key, torch.optim.SGD, seed=1, body_seed=7, micro=2)
+    pieces.step(0)  # one update a step, as the first's
+    slower = Client(worker, key, torch.optim.SGD, seed=2, body_seed=7, micro=2, every=2)
+    with pytest.raises(DeclarationError, match="an update every 2 of the Trainer's steps"):
+        slower.step(0)
+    said = [e for _, e in pieces.trainer.shared_order("body")["order"]]
+    assert said.count("update") == 2
+
+
+def test_a_client_that_stalls_mid_step_is_dropped_after_the_workers_patience():
+    argv = [sys.executable, "-m", "somatize.worker", "--listen", "127.0.0.1:0", "--quiet",
+            "--shared-patience", "1"]
+    key = uuid.uuid4().hex
+    stall, inside = threading.Event(), threading.Event()
+
+    def slowly(out, y):  # once told to, mid-step for four seconds, its gradient owed
+        if stall.is_set():
+            inside.set()
+            time.sleep(4)
+        return mse(out, y)
+
+    with Worker.spawn(argv, mode="network", send=["splitnets"]) as small:
+        stalling = Client(small, key, torch.optim.SGD, seed=0, body_seed=7, objective=slowly)
+        steady = Client(small, key, torch.optim.SGD, seed=1, body_seed=7)
+        stalling.step(0)
+        steady.step(0)
+        stall.set()
+        failed = []
+        thread = threading.Thread(target=lambda: failed.append(_raised(stalling.step, 1)))
+        thread.start()
+        assert inside.wait(30)
+        began = time.monotonic()
+        for k in range(1, 4):  # the second waits on the stalled client: a second, not four
+            steady.step(k)
+        waited = time.monotonic() - began
+        thread.join(30)
+    assert 1 <= waited < 3.5, waited
+    assert isinstance(failed[0], OutOfStep)
+    assert "waited 1 s" in str(failed[0]) and "--shared-patience" in str(failed[0])
+
+
+def _raised(call, *args):
+    try:
+        call(*args)
+    except Exception as exc:  # noqa: BLE001  (handed back to be looked at)
+        return exc
+    return None
+
+
+def rss(pid):
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) << 10 for line in status if line.startswith("VmRSS"))
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc for memory")
+def test_shared_trainers_nobody_trains_stay_within_the_workers_sessions():
+    token = "shared-memory-" + "5" * 20
+    proc = subprocess.Popen([sys.executable, "-m", "somatize.worker", "--listen", "127.0.0.1:0",
+                             "--quiet", "--max-sessions", "4"],
+                            env={**os.environ, "SOMATIZE_TOKEN": token},
+                            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    try:
+        addr = proc.stdout.readline().split()[-1]
+
+        def run():  # a closed run of its own key, whose body and Adam hold about 12 MiB
+            g = Graph.somatize(Lin(8, 1024).named("encoder") >> Lin(1024, 1024).named("body")
+                               .at("gpu") >> Lin(1024, 1, relu=False).named("head"))
+            trains = {"body": Split(torch.optim.Adam, lr=1e-3, shared=uuid.uuid4().hex)}
+            with Worker.at(addr, mode="network", send=["splitnets"], token=token) as w:
+                t = Trainer(g, objective=mse, trains=trains, broker=Broker.embedded({"gpu": w}),
+                            optimizer=torch.optim.SGD(parameters(g, without=trains), lr=0.1))
+                x, y = batches(1, seed=0)[0]
+                t.step((x, y))
+                t.close()
+
+        for _ in range(8):  # past the four the worker may hold, and its allocator warm
+            run()
+        held = rss(proc.pid)
+        for _ in range(12):  # kept, they would grow it by 144 MiB; half of that fails
+            run()
+        grown = rss(proc.pid) - held
+        assert grown < 72 << 20, f"the worker grew by {grown >> 20} MiB over 12 closed runs"
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_a_shared_trainer_that_runs_here_warns_and_trains_alone():

@@ -129,6 +129,13 @@ def test_big_ints_are_refused_with_a_reason():
         encode("slice", {"v": 2 ** 70})
 
 
+@pytest.mark.parametrize("key", ["k", "b"])
+def test_a_header_may_not_use_the_frames_own_keys(key):
+    # a provision's keeps flag once travelled as "k", and arrived as the frame's kind
+    with pytest.raises(ProtocolError, match="may not use the keys 'k' and 'b'"):
+        encode("provision", {key: True})
+
+
 def test_packing_a_huge_or_a_refused_header_leaves_the_next_frames_as_they_were():
     before = joined(encode("slice", {"n": ["a"], "v": {"x": [1, 2.5, None]}}, [b"abc"]))
     with pytest.raises(ProtocolError, match="64 bits"):

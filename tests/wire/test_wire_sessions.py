@@ -41,13 +41,17 @@ def test_a_session_that_keeps_state_is_never_provisioned_again(standing):
         assert [g.forward(0, broker=kept) for _ in range(3)] == [1, 2, 3]
         plain = counting()
         assert plain.forward(0, broker=broker) == 1
-        counting().forward(0, broker=broker)  # a third session: the oldest idle one goes
+        # a third session: the one that keeps nothing goes first, and is made again
+        counting().forward(0, broker=broker)
         worker.wait_log("to make room")
+        assert g.forward(0, broker=kept) == 4
+        assert plain.forward(0, broker=broker) == 1
+        # once every session held keeps state, the oldest idle one goes, and says so
+        for _ in range(2):
+            counting().forward(0, broker=broker.session(keeps=True))
         with pytest.raises(StateLost, match="--max-sessions") as caught:
             g.forward(0, broker=kept)
         assert caught.value.host == "w" and caught.value.nodes == ["count"]
-        # a session that keeps nothing is made again, as its first copy says
-        assert plain.forward(0, broker=broker) in (1, 2)
 
 
 def test_a_session_idle_past_the_lease_is_let_go_and_said(standing):
@@ -181,6 +185,7 @@ def test_a_socket_link_counts_the_bytes_each_way(standing):
         # what was sent grew by at least the value, and the answer came back small
         assert then["sent"] - first["sent"] >= len(big)
         assert then["received"] - first["received"] < 2_000
+        assert w.traffic() == then  # the place counts every link it has: here, one
     assert Worker.in_process().link.traffic() is None  # a link that counts nothing says so
 
 
@@ -196,3 +201,19 @@ def test_a_broker_lets_go_of_a_graph_its_user_let_go_of():
     # a session per graph, kept as long as the graph lives: the last one included
     assert [form() for form in forms] == [None, None]
     assert Graph.somatize(Shout().at("w")).forward("c", broker=broker) == "C"
+
+
+def test_a_session_lives_as_long_as_its_owner_not_its_graph(standing):
+    worker = standing()
+    with Worker.at(worker.addr, token=TOKEN) as w:
+        broker = Broker({"w": w})
+        g = counting()
+        sessions = []
+        for _ in range(3):  # short-lived sessions, one graph that outlives them all
+            session = broker.session()
+            assert g.forward(0, broker=session) == 1
+            sessions.append(weakref.ref(session))
+        del session
+        gc.collect()
+        assert [s() for s in sessions] == [None, None, None]
+        assert g.forward(0, broker=broker.session()) == 1

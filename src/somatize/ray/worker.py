@@ -13,6 +13,7 @@ from __future__ import annotations
 import secrets
 import threading
 import time
+import warnings
 from typing import Any
 
 import ray
@@ -309,8 +310,11 @@ class RayLink(Link):
         tenancy.declared = None
         try:
             ray.get(actor.end.remote(tenancy.session), timeout=self.worker.timeout)
-        except Exception:  # noqa: BLE001  (the actor or the cluster may be gone)
-            pass
+        except Exception as exc:  # noqa: BLE001  (the actor or the cluster may be gone)
+            warnings.warn(f"the Ray actor could not be told to end session "
+                          f"{tenancy.session.hex()[:12]} ({type(exc).__name__}: {exc}); it "
+                          "holds what the session trained until it is let go",
+                          RuntimeWarning, stacklevel=4)
 
     def _call(self, host: str, ref: Any, doing: str) -> Any:
         """The answer to one actor call; the actor's death is a WireError naming the host."""

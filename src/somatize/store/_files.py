@@ -16,6 +16,7 @@ import stat
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 __all__ = ["ABSENT", "CREATE", "DIR", "HOST", "LINKED", "MAX_WRITE", "READ", "READ_ONLY", "TOP", "Anchor",
            "Odd", "discard", "drain", "slurp", "strict_opener", "sweep"]
@@ -44,6 +45,9 @@ class Odd(OSError):
     def __init__(self, what: str, path: str):
         super().__init__(errno.ELOOP, what, path)
         self.what, self.path = what, path
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickle's default passes OSError's arguments
+        return Odd, (self.what, self.path)
 
 
 def strict_opener() -> Callable[[bytes], int] | None:

@@ -90,6 +90,9 @@ class _Taken(Exception):
         super().__init__()
         self.retried = retried
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _Taken, (self.retried,)
+
 
 class _Conflict(Exception):
     """Another conditional write to the key was in flight (409); worth asking again."""

@@ -10,7 +10,8 @@ can be trained in several ways without being touched::
                 optimizer=torch.optim.Adam(parameters(g), lr=1e-3))
     t.fit(data, epochs=10)
 
-``trains={"body": Split(SGD, lr=0.1)}`` trains a node where it runs — on a worker,
+``module(m)`` makes an existing ``nn.Module`` a node in one call, its weights and
+export keys its own. ``trains={"body": Split(SGD, lr=0.1)}`` trains a node where it runs — on a worker,
 say — through a ``Learning`` that stands beside it; ``architecture`` and ``proxies``
 say what a network is made of and rank candidates before any training.
 
@@ -37,6 +38,7 @@ from ._fedprox import fedprox
 from ._learning import Learning, Split, envelope, gradient
 from ._learning import answers as _answers
 from ._learning import shared_by as _shared_by
+from ._module import module
 from ._probe import probe
 from ._server import FedAdagrad, FedAdam, FedAvgM, FedYogi, ServerOptimizer
 from ._shared import ANSWERS as _SHARED_ANSWERS
@@ -80,6 +82,7 @@ __all__ = [
     "gradient",
     "kind_of",
     "krum",
+    "module",
     "noise_for",
     "parameters",
     "privacy_spent",

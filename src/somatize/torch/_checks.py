@@ -53,12 +53,6 @@ def check_trains(graph: Graph, trains: Any, optimizer: Any,
             raise DeclarationError(
                 f"node {node_id!r} ({type(impl).__qualname__}) is trained but does not say "
                 "what its parameters are; give it a parameters() method answering its tensors")
-        producers = graph.predecessors(node_id)
-        if len(producers) > 1:
-            raise DeclarationError(
-                f"node {node_id!r} is trained and has {len(producers)} producers "
-                f"({', '.join(map(repr, producers))}); a trainer hands one gradient back, so "
-                "join them in a node of their own first")
         if learning.shared is not None and node_id not in graph.hosts():
             warnings.warn(
                 f"node {node_id!r} is trained shared={learning.shared!r} and runs here, where "

@@ -25,6 +25,9 @@ and the gradient it answers, what it makes and the gradient it is handed, each s
 a narrower floating type (bf16 or fp16) and widened back on arrival to the type it had.
 A narrowed tensor travels as ``{"__soma_narrowed__": [tensor, "float32"]}``, so the
 side that receives it tells it from a value by one dict lookup, as an envelope is told.
+Where narrowing to float16 made infinities of finite values, a third item says how
+many (``overflowed``): the side that narrowed may be a worker, whose warnings nobody
+reads, so the Trainer's driver warns its user wherever the overflow happened.
 Both ends round the same way whether the node runs here or on a worker, so a run here
 and the same run there stay ``==``; against full precision they differ by the rounding,
 which is why it is never on unless asked for.
@@ -41,17 +44,18 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-import warnings
 from collections.abc import Callable, Mapping
+from fractions import Fraction
 from typing import Any
 
 import torch
 
 from .._errors import DeclarationError, OutOfStep, whole_number
 from .._node import Ctx, Node, Opaque
+from ._tensors import detached, gradients_of, leafed, moved, paired, summed, tensors_in
 
 __all__ = ["Enters", "Learning", "Split", "answers", "carries", "envelope", "gradient",
-           "is_envelope", "narrowed", "narrowing", "widened"]
+           "is_envelope", "narrowed", "narrowing", "overflowed", "widened"]
 
 KEY = "__soma_envelope__"
 HEALTH = "__soma_health__"  # beside an envelope: the health facts of the trainers it passed
@@ -109,34 +113,41 @@ def narrowing(compress: Any, of: str = "Learning") -> torch.dtype | None:
 
 def narrowed(value: Any, dtype: torch.dtype | None) -> Any:
     """``value`` as it crosses a cut that compresses to ``dtype``: a floating tensor
-    wider than ``dtype`` goes narrowed, marked with the type it had; anything else (a
-    tensor already as narrow, integers, None) goes as it is."""
+    wider than ``dtype`` goes narrowed, marked with the type it had (and how many of its
+    finite values became inf, if any did); anything else (a tensor already as narrow,
+    integers, None) goes as it is."""
     if (dtype is None or not isinstance(value, torch.Tensor) or not value.is_floating_point()
             or value.element_size() <= dtype.itemsize):
         return value
     narrow = value.detach().to(dtype)
+    carried = [Opaque(narrow), str(value.dtype).removeprefix("torch.")]
+    # float16 ends at 65504 and what lies beyond becomes inf; a finite sum says none did,
+    # in one cheap pass (an infinite one may be the sum's own overflow, so count)
     if dtype is torch.float16 and not math.isfinite(narrow.sum().item()):
-        _overflowed(value, narrow)  # a finite sum says none did, in one cheap pass
-    return {NARROWED: [Opaque(narrow), str(value.dtype).removeprefix("torch.")]}
+        lost = int((torch.isinf(narrow) & torch.isfinite(value.detach())).sum())
+        if lost:
+            carried.append(lost)
+    return {NARROWED: carried}
 
 
-def _overflowed(value: torch.Tensor, narrow: torch.Tensor) -> None:
-    """Warns where narrowing to float16 made infinities of finite values: float16 ends
-    at 65504, and what lies beyond arrives as inf (its sum alone may overflow, so the
-    values are counted before anything is said)."""
-    lost = int((torch.isinf(narrow) & torch.isfinite(value)).sum())
-    if lost:
-        warnings.warn(
-            "compress='fp16': values crossing the cut lie beyond float16's range "
-            "(65504) and arrive as inf; compress='bf16' sends the same bytes with "
-            "float32's range", RuntimeWarning, stacklevel=2)
+def overflowed(value: Any) -> int:
+    """How many finite values became inf where ``value`` (what ``narrowed`` made, or an
+    envelope carrying it) was narrowed to float16; 0 for anything else."""
+    if type(value) is dict and KEY in value:
+        value = value[KEY][0]
+        value = value.value if type(value) is Opaque else value
+    if type(value) is not dict or NARROWED not in value:
+        return 0
+    carried = value[NARROWED]
+    lost = carried[2] if isinstance(carried, (list, tuple)) and len(carried) > 2 else 0
+    return lost if type(lost) is int else 0  # a count, or nothing said
 
 
 def widened(value: Any) -> Any:
     """What ``narrowed`` sent, back in the type it had; any other value as it is."""
     if type(value) is not dict or NARROWED not in value:
         return value
-    carried, name = value[NARROWED]
+    carried, name = value[NARROWED][:2]
     tensor = carried.value if type(carried) is Opaque else carried
     dtype = getattr(torch, name, None) if type(name) is str else None
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
@@ -185,11 +196,10 @@ def _inside(value: Any) -> Any:
 
 def gradient(value: Any, device: str | torch.device | None = None) -> torch.Tensor | None:
     """What an envelope carries, or the sum of what a map of them carries, as a tensor
-    on ``device``. None for a value that is not a backward message at all, and for an
+    on ``device`` (a structure's gradient: tensors on ``device`` in its shape). None for a value that is not a backward message at all, and for an
     envelope (or a map of them) carrying nothing."""
     if type(value) is dict and KEY in value:  # one envelope, the common case: read at once
-        carried = _inside(value)
-        return carried if carried is None or device is None else carried.to(device)
+        return moved(_inside(value), device)
     if not carries(value):
         return None
     carried = [_inside(value)] if KEY in value else [_inside(v) for v in value.values()]
@@ -198,8 +208,8 @@ def gradient(value: Any, device: str | torch.device | None = None) -> torch.Tens
         if g is None:
             continue
         if device is not None:
-            g = g.to(device)
-        total = g if total is None else total + g
+            g = moved(g, device)
+        total = g if total is None else summed(total, g)
     return total
 
 
@@ -240,6 +250,7 @@ class Learning(Node):
     _audit: Any = None  # an Audit of the node, watched by hand where it runs
     _audited_as = ""
     _pieces = 1  # learn calls that make one of the Trainer's steps (its micro)
+    _micro = 1  # the same, as the Trainer said it when it set the steps per update
     _piece = 0
     _shared: str | None = None  # the key it shares its node and optimizer under, if any
     _group: Any = None  # the Shared it joined on the host it runs on (_shared)
@@ -292,15 +303,22 @@ class Learning(Node):
         self._audit, self._audited_as, self._pieces = audit, node_id, pieces
         return self
 
-    def accumulating(self, every: int | None) -> Learning:
-        """How many steps go into one update, unless this technique said already."""
+    def accumulating(self, every: int | None, micro: int = 1) -> Learning:
+        """How many steps go into one update, unless this technique said already, and
+        how many of those (``micro`` pieces) make one of the Trainer's steps."""
         if self._every is None:
             self._every = every
+        self._micro = micro
         return self
 
     def steps_per_update(self) -> int:
         """How many ``learn`` calls make one update of its optimizer."""
         return self._every or 1
+
+    def cadence(self) -> Fraction:
+        """How many of the Trainer's steps make one update: the update's rhythm as the
+        user wrote it, whatever pieces each step is cut into."""
+        return Fraction(self.steps_per_update(), self._micro)
 
     # -- what a technique reads -----------------------------------------------------
     def training(self) -> list[torch.nn.Parameter]:
@@ -395,7 +413,8 @@ class Learning(Node):
                 raise DeclarationError(
                     f"node {me!r} is trained shared={self._shared!r}, and nothing in this "
                     "process starts a shared trainer; import somatize.torch on the worker")
-            group = sharing.table[self._shared] = _STARTS[0](self._shared, self, me, sharing.lock)
+            group = sharing.table[self._shared] = _STARTS[0](self._shared, self, me, sharing.lock,
+                                                             sharing.patience)
         else:
             group.admit(self, me)
         mine = self._node
@@ -473,13 +492,15 @@ class Learning(Node):
         if isinstance(value, torch.Tensor):
             value = value.detach().requires_grad_(value.is_floating_point()
                                                   or value.is_complex())
+        else:  # tuples, lists and dicts of them: each floating tensor a leaf of its own
+            value = leafed(value)
         self._given = value
         if self._owed is None:
             self._owed = []
         self._owed.append([value, None])
         if len(self._owed) > MOST_OWED:  # failed steps' leftovers, never asked for
             del self._owed[0]
-        return Opaque(value) if isinstance(value, torch.Tensor) else value
+        return Opaque(value) if isinstance(value, torch.Tensor) or tensors_in(value) else value
 
     def forward(self, value: Any, ctx: Ctx) -> Any:
         """Behind the node: an ordinary value is the activation to keep (what goes on is
@@ -506,7 +527,8 @@ class Learning(Node):
         if self._audit is not None:
             self._audit.saw(value)
         if not isinstance(value, torch.Tensor):
-            return value
+            # a structure's tensors go on detached too: the cut is here, whatever its shape
+            return Opaque(detached(value)) if tensors_in(value) else value
         return Opaque(narrowed(value, self._compress) if self._narrows_out else value.detach())
 
     def _owed_to(self, back: int) -> None:
@@ -569,7 +591,10 @@ class Learning(Node):
 
     def learn(self, signal: torch.Tensor | None, ctx: Ctx) -> Any:
         """Handed dL/d(what the node produced) — None when nobody owes it anything this
-        step — answers dL/d(what it was given), or None. The hole a technique fills."""
+        step — answers dL/d(what it was given), or None. The hole a technique fills.
+        Where the node produced (or was given) a tuple, list or dict of tensors, the
+        gradient has that shape, None where no gradient belongs (``_tensors.paired``
+        pairs it with the tensors it is for; ``gradients_of`` reads one off ``given``)."""
         raise NotImplementedError(f"{type(self).__qualname__} does not say how it learns")
 
     def __repr__(self) -> str:
@@ -609,16 +634,22 @@ class Split(Learning):
             optimizer.zero_grad()
         self._cleared = False
         if signal is not None:
-            self.waiting().backward(signal)
+            held = self.waiting()
+            if isinstance(held, torch.Tensor):
+                held.backward(signal)
+            else:  # a structure: each of its tensors that asks for a gradient, at once
+                tensors, grads = paired(held, signal)
+                if tensors:
+                    torch.autograd.backward(tensors, grads)
         given = self.done()
         if self.closes():
             if self._audit is None and self._group is None:
                 ctx.afterwards(self._step)
             else:
                 optimizer.step()
-        if isinstance(given, torch.Tensor) and given.grad is not None:
+        if isinstance(given, torch.Tensor):
             return given.grad
-        return None
+        return gradients_of(given)
 
     def _step(self) -> None:
         """The step that closes a group, and the clearing that the next one opens with,

@@ -20,7 +20,8 @@ it happened (``order``), which is what a single process replays to get the very 
 numbers. With clients taking turns nothing ever waits, and this is ordinary training.
 
 A client that stops mid-step (its process died) would hold every other client back;
-after ``PATIENCE`` seconds the waiting ones move on, and the stalled client's
+after the worker's patience (``--shared-patience``, ``PATIENCE`` seconds by default) the
+waiting ones move on, and the stalled client's
 activations are let go of, so its late gradient is refused as out of step rather
 than computed through weights that moved.
 """
@@ -34,6 +35,8 @@ from typing import Any
 import torch
 
 from .._errors import DeclarationError
+from .._keys import Unwritable, hexdigest_of
+from .._node import made_with
 
 __all__ = ["ANSWERS", "ORDER", "PATIENCE", "Shared", "Turn", "answer_order"]
 
@@ -47,13 +50,16 @@ class Shared:
     node and optimizer of whichever session came first, and what every session that
     joined since has in flight. Touched only under the host's sharing lock."""
 
-    def __init__(self, key: str, first: Any, node_id: str, lock: Any):
+    def __init__(self, key: str, first: Any, node_id: str, lock: Any,
+                 patience: float = PATIENCE):
         self.key, self.node_id, self.lock = key, node_id, lock
+        self.patience = patience
         self.node = first.node
         self.technique = type(first)
         self.factory = first.factory
-        self.every = first.steps_per_update()
+        self.every = first.cadence()
         self.shapes = _shapes(first.training())
+        self.made = _made(first.node)
         self.members: dict[str, Any] = {}  # session label -> its Learning
         self.waiting: collections.deque[tuple[str, list[Any]]] = collections.deque()
         self.order: collections.deque[tuple[str, str]] = collections.deque(maxlen=LOGGED)
@@ -64,10 +70,11 @@ class Shared:
     # -- who trains it ------------------------------------------------------------------
     def admit(self, learning: Any, node_id: str) -> None:
         """Refuses a trainer that would not train this one as it is trained: another
-        technique, optimizer, group size or node (its parameters' shapes and dtypes),
-        naming both; nothing changes then."""
+        technique, optimizer or update cadence (the Trainer's steps per update, however
+        each step is cut into pieces), or another node: its class, what it was built
+        with, its parameters' shapes and dtypes. Both are named; nothing changes then."""
         theirs = (type(learning), _factory_text(learning.factory),
-                  learning.steps_per_update(), _shapes(learning.training()))
+                  learning.cadence(), _shapes(learning.training()))
         ours = (self.technique, _factory_text(self.factory), self.every, self.shapes)
         if theirs[1:] != ours[1:] or theirs[0].__qualname__ != ours[0].__qualname__:
             raise DeclarationError(
@@ -77,6 +84,13 @@ class Shared:
                 f"{_described(theirs[0], learning.factory, theirs[2], theirs[3])}; clients "
                 "train one shared trainer only alike: declare the same node and the same "
                 "Learning, or name another key in shared=")
+        if _made(learning.node) != self.made:
+            raise DeclarationError(
+                f"shared={self.key!r} on this host is node {self.node_id!r}, "
+                f"{_built(self.node)}, and node {node_id!r} of the joining client is "
+                f"{_built(learning.node)}: a shared trainer computes one function, so a client "
+                "joins it only with the same node built the same way; declare it alike, or "
+                "name another key in shared=")
 
     def join(self, label: str, learning: Any) -> None:
         self.members[label] = learning
@@ -89,9 +103,9 @@ class Shared:
             self.drain()
             self.lock.notify_all()
 
-    def idle_for(self, now: float) -> float:
-        """How long nobody has trained it; 0 while some session holds it."""
-        return 0.0 if self.members else now - self.used
+    def idle_for(self, now: float) -> float | None:
+        """How long nobody has trained it; None while some session holds it."""
+        return None if self.members else now - self.used
 
     # -- a step, as the sessions' trainers take it ----------------------------------------
     @property
@@ -114,7 +128,7 @@ class Shared:
         waits while updates do, so they go before its forward reads the weights."""
         if learning.in_flight() or not self.waiting:
             return
-        if not self.lock.wait_for(lambda: not self.waiting, timeout=PATIENCE):
+        if not self.lock.wait_for(lambda: not self.waiting, timeout=self.patience):
             self._stalled(label)
 
     def log(self, label: str, event: str) -> None:
@@ -164,9 +178,10 @@ class Shared:
         (their late gradients are refused), and the queue goes."""
         for other, member in self.members.items():
             if other != label and member.in_flight():
-                member.forget(f"the shared trainer {self.key!r} waited {PATIENCE:g} s for "
-                              "this client's gradient while other clients' updates were due, "
-                              "and let its activations go")
+                member.forget(f"the shared trainer {self.key!r} waited {self.patience:g} s "
+                              "for this client's gradient while other clients' updates were "
+                              "due, and let its activations go (the worker's "
+                              "--shared-patience)")
                 self.log(other, "dropped")
         self.drain()
 
@@ -235,7 +250,31 @@ def _text(value: Any) -> str:
     return repr(value)
 
 
-def _described(technique: type, factory: Any, every: int, shapes: Any) -> str:
+def _described(technique: type, factory: Any, every: Any, shapes: Any) -> str:
     weights = ", ".join(f"{dtype}{list(shape)}" for shape, dtype in shapes) or "no parameters"
-    return (f"{technique.__qualname__}({_factory_text(factory, full=False)}, every={every}) "
-            f"over [{weights}]")
+    return (f"{technique.__qualname__}({_factory_text(factory, full=False)}, "
+            f"an update every {every} of the Trainer's steps) over [{weights}]")
+
+
+def _made(node: Any) -> tuple[str, str | None]:
+    """What a node is: its class, and a digest of what it was built with (None where
+    that cannot be written down, and then its class alone speaks for it)."""
+    cls = type(node)
+    made = made_with(node)
+    try:
+        digest = None if made is None else hexdigest_of(("declared", made[0], made[1]))
+    except Unwritable:
+        digest = None
+    return f"{cls.__module__}.{cls.__qualname__}", digest
+
+
+def _built(node: Any) -> str:
+    """A node as its construction would be written: ``Lin(8, 6, relu=False)``."""
+    made = made_with(node) or ((), {})
+    said = [_short(v) for v in made[0]] + [f"{k}={_short(v)}" for k, v in made[1].items()]
+    return f"{type(node).__module__}.{type(node).__qualname__}({', '.join(said)})"
+
+
+def _short(value: Any) -> str:
+    text = _text(value)
+    return text if len(text) <= 40 else text[:37] + "..."

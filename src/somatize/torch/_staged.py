@@ -22,6 +22,7 @@ there, not here, and nobody asked for them to learn.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,7 +36,9 @@ from .._plan import stages
 from .._slices import runner_of, finish
 from .._transpose import Back, backward
 from ._audit import Audit
-from ._learning import HEALTH, Learning, envelope, gradient, narrowed, widened
+from ._checks import outside_somatize
+from ._learning import HEALTH, Learning, envelope, gradient, narrowed, overflowed, widened
+from ._tensors import device_of, gradients_of, leafed, paired, summed
 from ._weights import ASKING, LOADING
 
 __all__ = ["StagedDriver", "rewired"]
@@ -117,18 +120,24 @@ class Stage:
         self.trainers = [n for n in nodes if n in trains]
         self.trained = [m for n in self.trainers for m in Positions(n).all]
         enters = {n: Positions(n).enters for n in self.trainers}
-        self.entries = [(enters[n], preds[enters[n]][0]) for n in self.trainers
-                        if preds[enters[n]] and preds[enters[n]][0] not in inside]
+        # Where what a trainer's input received goes back to: its one producer, or,
+        # for a node fed by several, each producer its own part (the input is then a
+        # map by producer, and so is its gradient). A producer in this stage is
+        # trained by nobody and owed nothing.
+        self.entries = [(enters[n], tuple(preds[enters[n]])) for n in self.trainers
+                        if any(p not in inside for p in preds[enters[n]])]
         self.back_given = [n for n in self.trainers if n in self.wanted]
         self.reporting = [enters[n] for n in self.trainers]  # every trainer's answer
         # What crosses into this stage narrowed: a value handed in whose every taker
         # here is a trainer that compresses, all to one type (anyone else takes it whole).
         self.narrowing: dict[str, Any] = {}
+        self.takers: dict[str, str] = {}  # the first trainer here that takes it, to name
         for p in self.outside:
             takers = [s for s in succs[p] if s in inside]
             kinds = {trains[n].compress for n in self.trainers if enters[n] in takers}
             if len(kinds) == 1 and len(takers) == sum(enters[n] in takers for n in self.trainers):
                 self.narrowing[p] = kinds.pop()
+                self.takers[p] = next(n for n in self.trainers if enters[n] in takers)
         self.narrows = [self.narrowing.get(p) for p in self.outside]  # in the given order
         self.compress = [trains[n].compress for n in self.back_given]
         # whether what this stage answers may come narrowed (a trainer here compresses)
@@ -144,10 +153,10 @@ class StagedDriver:
     """Drives one Trainer's graph stage by stage; see the module's docstring."""
 
     def __init__(self, graph: Graph, trains: Mapping[str, Learning], *, broker: Any,
-                 store: Any, steps_per_update: int):
+                 store: Any, steps_per_update: int, micro: int = 1):
         self.trains = dict(trains)
         for learning in self.trains.values():
-            learning.accumulating(steps_per_update)
+            learning.accumulating(steps_per_update, micro)
         data, self.origin = rewired(graph.data(), self.trains)
         self.private = Graph.from_data(data)
         positions = {m for n in self.trains for m in Positions(n).all}
@@ -183,7 +192,8 @@ class StagedDriver:
         them is said (``StateLost``) rather than made good from the first copy."""
         backend = self._backend
         opens = getattr(backend, "session", None)
-        return opens(keeps=True) if callable(opens) else backend
+        shares = any(learning.shared is not None for learning in self.trains.values())
+        return opens(keeps=True, shares=shares) if callable(opens) else backend
 
     def renew(self) -> None:
         """Starts this driver's session afresh (a resume after its state was lost):
@@ -263,8 +273,8 @@ class StagedDriver:
                 leaves, values = _NOTHING, ()
             else:
                 leaves = {p: _fresh(produced[p]) for p in stage.outside}
-                values = ([Opaque(narrowed(leaf, dtype))
-                           for leaf, dtype in zip(leaves.values(), stage.narrows)]
+                values = ([Opaque(self._narrowed(leaf, dtype, stage.takers.get(p), "given"))
+                           for (p, leaf), dtype in zip(leaves.items(), stage.narrows)]
                           if stage.narrowing else [Opaque(leaf) for leaf in leaves.values()])
             answer = walk.run(one, x, values, broker, store if k == 0 else None, later)
             if later:
@@ -274,6 +284,7 @@ class StagedDriver:
                 answer = answer.result()
             if stage.widens:
                 for n, v in answer.items():
+                    self._said_overflow(v, n, "made")
                     produced[n] = widened(v)
             else:
                 produced.update(answer)
@@ -301,7 +312,7 @@ class StagedDriver:
         owed: dict[str, torch.Tensor] = {}
         for n, leaf in outputs.items():
             if n not in self.through:  # those already passed their gradient on
-                _add(owed, n, getattr(leaf, "grad", None))
+                _add(owed, n, gradients_of(leaf))
         last = len(self.stages) - 1
         later, broker = pipe is not None, self.broker
         walks = self._walks()
@@ -311,26 +322,33 @@ class StagedDriver:
             if back is not None:
                 behind = 0 if pipe is None else pipe.behind(k, numbers[k])
                 answers = back.run(one, {n: envelope(owed.get(n) if dtype is None else
-                                                     narrowed(owed.get(n), dtype), behind=behind)
+                                                     self._narrowed(owed.get(n), dtype, n, "handed"),
+                                                     behind=behind)
                                          for n, dtype in zip(stage.back_given, stage.compress)},
                                    broker, later)
                 if later:
                     if answers.waiting:
                         yield
                     answers = answers.result()
-                for entry, producer in stage.entries:
-                    _add(owed, producer, gradient(answers[entry], _device(produced[producer])))
+                for entry, producers in stage.entries:
+                    self._said_overflow(answers[entry], entry, "answered")
+                    handed_in = [p for p in producers if p in leaves]
+                    got = gradient(answers[entry], device_of(leaves[handed_in[0]]))
+                    if len(producers) == 1:
+                        _add(owed, producers[0], got)
+                    elif type(got) is dict:  # a map by producer, as its input was
+                        for producer in handed_in:
+                            _add(owed, producer, got.get(producer))
                 self._heard(answers)
             tensors, grads = [], []
             for n in stage.untrained_here:
-                value, grad = produced[n], owed.get(n)
-                if grad is not None and isinstance(value, torch.Tensor) and value.requires_grad:
-                    tensors.append(value)
-                    grads.append(grad)
+                these, their = paired(produced[n], owed.get(n))
+                tensors += these
+                grads += their
             if tensors:
                 torch.autograd.backward(tensors, grads)
             for producer, leaf in leaves.items():
-                _add(owed, producer, getattr(leaf, "grad", None))
+                _add(owed, producer, gradients_of(leaf))
 
     def close(self, one: Pass) -> None:
         """Ends every trainer's open group: a closing, empty envelope walked back."""
@@ -384,6 +402,29 @@ class StagedDriver:
         backend = runner_of(self.broker)
         return bool(getattr(backend, "ordered", False))
 
+    def _narrowed(self, value: Any, dtype: Any, node: str | None, crossing: str) -> Any:
+        """``narrowed``, here, on its way to the trainer of ``node``; said if it overflowed."""
+        sent = narrowed(value, dtype)
+        if node is not None:
+            self._said_overflow(sent, node, crossing)
+        return sent
+
+    def _said_overflow(self, value: Any, node: str, crossing: str) -> None:
+        """Warns the user where ``value`` crossed the cut of ``node`` with finite values
+        made inf by float16, whichever side narrowed it: a worker that did would say so
+        only in its own log, and the user here would see a nan loss and nothing else."""
+        lost = overflowed(value)
+        if not lost:
+            return
+        user = self._user(node)
+        host = self.private.hosts().get(node)
+        warnings.warn(
+            f"compress='fp16': {lost} values of {_CROSSINGS[crossing]} node {user!r}"
+            f"{f' (on host {host!r})' if host else ''} lie beyond float16's range (65504) and "
+            "crossed the cut as inf; compress='bf16' sends the same bytes with float32's "
+            "range, or leave compress out to send them whole",
+            RuntimeWarning, stacklevel=outside_somatize())
+
     def _heard(self, answers: dict[str, Any]) -> None:
         """Keeps the health facts that came back beside the gradients, with the host
         of the trainer that measured them."""
@@ -404,23 +445,17 @@ class StagedDriver:
                                  node, pieces)
 
 
+# What crosses a trained node's cut, by the way it goes: what an overflow warning names.
+_CROSSINGS = {"given": "the activation given to", "made": "the output of",
+              "handed": "the gradient handed to", "answered": "the gradient answered by"}
 _NOTHING: dict[str, Any] = {}  # what a stage handed nothing was handed (read, never written)
 
 
 def _fresh(value: Any) -> Any:
-    """A value handed across a stage boundary: a tensor becomes a new leaf."""
-    if isinstance(value, torch.Tensor):
-        leaf = value.detach()
-        if leaf.is_floating_point() or leaf.is_complex():
-            leaf.requires_grad_(True)
-        return leaf
-    return value
+    """A value handed across a stage boundary: each tensor in it becomes a new leaf."""
+    return leafed(value)
 
 
-def _add(owed: dict[str, torch.Tensor], node: str, grad: torch.Tensor | None) -> None:
+def _add(owed: dict[str, Any], node: str, grad: Any) -> None:
     if grad is not None:
-        owed[node] = grad if node not in owed else owed[node] + grad
-
-
-def _device(value: Any) -> Any:
-    return value.device if isinstance(value, torch.Tensor) else None
+        owed[node] = summed(owed.get(node), grad)

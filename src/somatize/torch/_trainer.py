@@ -133,7 +133,7 @@ class Trainer:
         self._staged = None
         if trains:  # driven in stages only when something is trained where it runs
             self._staged = StagedDriver(graph, trains, broker=broker, store=store,
-                                  steps_per_update=self._every * self._micro)
+                                  steps_per_update=self._every * self._micro, micro=self._micro)
             self._told = self._staged.told(self._watching)
         _placed(broker, graph.hosts())  # after the stages' own refusals, which say more
         self._pass = Pass()  # the forward of the step under way, unwatched until one is

@@ -19,11 +19,11 @@ from typing import Any
 
 from .._dsl import is_host_name
 from .._errors import DeclarationError, Lost, UnwritableError, WireError
-from .._graph import made_from
+from .._graph import made_from, user_ids
 from .._slices import Outcome, Runner, Shape, Slice, stands_for
 from .._walk import LostValue
 from .catalog import catalog_id, pack_values, runtime_of
-from .transport import Form, Place, Request, Staged, Tenancy
+from .transport import Form, Place, Request, Staged, Tenancy, state_lost
 
 __all__ = ["Broker", "Session"]
 
@@ -35,6 +35,8 @@ _last: tuple[tuple, Broker] | None = None
 # for it, whichever broker reaches that wire (a Worker declared again at the same
 # address is the same wire, and finds the graph's session there).
 _graphs: weakref.WeakKeyDictionary[Any, tuple[bytes, dict]] = weakref.WeakKeyDictionary()
+# Where a shape keeps, per session, the wire its slices take and the form they say.
+_FORMS = "broker.forms"
 
 
 class Broker(Runner):
@@ -109,12 +111,14 @@ class Broker(Runner):
         worker = self._wires.get(host)
         return worker if worker is not None else self.worker_for(host)
 
-    def session(self, keeps: bool = False) -> Session:
+    def session(self, keeps: bool = False, shares: bool = False) -> Session:
         """A session of its own on every worker of this broker. ``keeps`` says that
         what runs in it learns there (a Trainer's trainers): such a session, once it
         has run, is never given its first catalog again, and a worker that lost it
-        says so (``StateLost``)."""
-        return Session(self, keeps)
+        says so (``StateLost``). ``shares`` says that its slices may wait there for
+        other clients' (a trainer several clients share): a transport that answers
+        one request at a time carries it apart from the other sessions."""
+        return Session(self, keeps, shares=shares)
 
     def stagings(self, data: Any) -> list[tuple[Place, Staged]]:
         """The catalog each wire a graph uses is provisioned with: the nodes of all
@@ -194,26 +198,28 @@ class Session(Runner):
     A runner of its own, so whoever drives a graph in pieces hands it to the walk."""
 
     def __init__(self, broker: Broker, keeps: bool = False,
-                 owned: tuple[bytes, dict[bytes, Tenancy]] | None = None):
-        self.broker, self.keeps = broker, keeps
+                 owned: tuple[bytes, dict[bytes, Tenancy]] | None = None, shares: bool = False):
+        self.broker, self.keeps, self.shares = broker, keeps, shares
         self.id, self._tenancies = owned if owned is not None else (secrets.token_bytes(16), {})
         # The data form staged last (a forward stages each time), held weakly: a broker
         # keeps a session per graph for as long as the graph lives, and no longer.
         self._prepared: Any = _NOTHING
         self._hosts: dict[str, tuple[Place, Tenancy]] = {}  # each host's wire, found once
+        self._closed = False  # closed by its owner: what it learnt is nobody's now
 
     @property
     def ordered(self) -> bool:  # type: ignore[override]
         return self.broker.ordered
 
-    def session(self, keeps: bool = False) -> Session:
+    def session(self, keeps: bool = False, shares: bool = False) -> Session:
         """Another session on the same workers (sessions do not nest)."""
-        return self.broker.session(keeps)
+        return self.broker.session(keeps, shares)
 
     def _tenancy(self, worker: Place) -> Tenancy:
         found = self._tenancies.get(worker.wire)
         if found is None:
-            found = self._tenancies[worker.wire] = Tenancy(self.id, self.keeps)
+            found = self._tenancies[worker.wire] = Tenancy(self.id, self.keeps,
+                                                           shares=self.shares)
         return found
 
     def prepare(self, data: Any) -> None:
@@ -228,21 +234,25 @@ class Session(Runner):
 
     def run(self, piece: Slice) -> Outcome:
         worker, request = self._request(piece)
-        return worker.link.run(request)
+        return worker.link_for(request.form.tenancy).run(request)
 
     def submit(self, piece: Slice) -> Any:
-        worker, _ = self._form(piece.shape)
-        if not worker.link.ordered:  # a host that may reorder what is sent ahead: a thread
+        worker, form = self._form(piece.shape)
+        link = worker.link_for(form.tenancy)
+        if not link.ordered:  # a host that may reorder what is sent ahead: a thread
             return super().submit(piece)
         worker, request = self._request(piece)
-        return worker.link.submit(request)
+        return link.submit(request)
 
     def close(self) -> None:
-        """Tells every worker this session ran on to let go of it now."""
+        """Tells every worker this session ran on to let go of it now. What it learnt
+        is gone from then on, whether a worker heard or not: a slice of it after this
+        is a ``StateLost``, never a session that quietly trains on."""
+        self._closed = True
         for worker in dict.fromkeys(self.broker.wire_of(h) for h in self.broker.hosts()):
             tenancy = self._tenancies.get(worker.wire)
             if tenancy is not None:
-                worker.link.end(tenancy)
+                worker.end(tenancy)
 
     def _place(self, host: str) -> tuple[Place, Tenancy]:
         """The worker whose wire a host is on, and this session there; found once."""
@@ -256,17 +266,23 @@ class Session(Runner):
         """The wire a shape of slice goes over and what its requests always say; made
         once per shape, since a walk sends the same shapes again and again, and kept
         with the shape (so with its graph), not here."""
-        found = shape.memo.get(self)
+        forms = shape.memo.get(_FORMS)
+        if forms is None:  # weakly: a session lives as long as its owner, not its graph
+            forms = shape.memo[_FORMS] = weakref.WeakKeyDictionary()
+        found = forms.get(self)
         if found is None:
             worker, tenancy = self._place(shape.host)
-            found = shape.memo[self] = (worker, Form(tenancy, shape.host, list(shape.nodes),
-                                                     list(shape.wanted), shape.transposed))
+            found = forms[self] = (worker, Form(tenancy, shape.host, list(shape.nodes),
+                                                list(shape.wanted), shape.transposed))
         return found
 
     def _request(self, piece: Slice) -> tuple[Place, Request]:
         """The wire a slice goes over, and the request its link sends."""
         shape = piece.shape
         worker, form = self._form(shape)
+        if self._closed and form.tenancy.learnt:
+            raise state_lost(shape.host, worker.where(shape.host), form.tenancy,
+                             "its owner closed it (Trainer.close())")
         data = shape.data
         if self._prepared() is not data:
             self.prepare(data)
@@ -283,7 +299,7 @@ class Session(Runner):
         trees, refused = pack_values(values, buffers)
         if refused:
             pred, why = next(iter(refused.items()))
-            readers = [n for n in shape.nodes if pred in data.preds[n]]
+            readers = user_ids(n for n in shape.nodes if pred in data.preds[n])
             raise UnwritableError(
                 f"the output of node {pred!r} cannot travel to host {shape.host!r}, where "
                 f"{', '.join(map(repr, readers))} read{'s' if len(readers) == 1 else ''} it: {why}")
@@ -303,7 +319,7 @@ class Session(Runner):
 def _stranded(data: Any, pred: str, value: LostValue, nodes: Any, host: str) -> Lost:
     readers = [n for n in nodes if pred in data.preds[n]]
     return Lost(
-        f"node {readers[0] if readers else nodes[0]!r} on host {host!r} reads the output "
+        f"node {made_from(readers[0] if readers else nodes[0])!r} on host {host!r} reads the output "
         f"of {pred!r}, which stayed on host {value.host!r}: {value.why}. Place them on "
         f"one worker, or make {pred!r} answer with something that can travel",
         node=pred, host=value.host)

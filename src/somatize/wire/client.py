@@ -16,6 +16,7 @@ import socket
 import ssl
 import threading
 import time
+import warnings
 from typing import Any
 
 from .._errors import ProtocolError, Silent, Unauthorised, WireError
@@ -233,7 +234,7 @@ class SocketLink(Link):
                 raise state_lost(host, where, tenancy, reply.header.get("gone")
                                  or "the worker holds its session no more")
             self._request(host, "provision", {**head, "kind": staged.kind, "r": staged.runtime,
-                                              "k": tenancy.keeps}, [staged.blob], sealed=True)
+                                              "keeps": tenancy.keeps}, [staged.blob], sealed=True)
             reply = self._answer(host, "while receiving its catalog")
         if reply.kind == "error":
             raise catalog_refused(host, where, reply.header)
@@ -244,17 +245,27 @@ class SocketLink(Link):
 
     def end(self, tenancy: Tenancy) -> None:
         """Tells the worker its owner is done with this session, so what it holds goes
-        now rather than at its lease; nothing is said if the worker is gone or busy."""
+        now rather than at its lease. Answers still owed on the connection are read
+        first (their slices are settled with them), and a dropped connection is opened
+        again, since the session outlives it; a worker that restarted holds nothing of
+        it. One that cannot be reached is warned about: it lets the session go at its
+        ``--session-lease``."""
         with self.lock:
-            if (self.channel is None or self.inflight or tenancy.declared is None
-                    or tenancy.instance != self.instance):
+            if tenancy.declared is None:  # nothing of it is held there, as far as we know
                 return
             tenancy.declared = None
             try:
+                self._settle_all()
+                self._open("")
+                if tenancy.instance != self.instance:  # another process: it holds nothing
+                    return
                 self._request("", "end", {"s": tenancy.session})
                 self._answer("", "while ending a session")
-            except WireError:
-                pass
+            except WireError as exc:
+                warnings.warn(
+                    f"the worker at {self.worker.where('')} could not be told to end session "
+                    f"{tenancy.session.hex()[:12]} ({exc}); it holds what the session trained "
+                    "until its --session-lease runs out", RuntimeWarning, stacklevel=4)
 
     def _too_large(self, host: str, what: str, exc: ProtocolError) -> ProtocolError:
         return ProtocolError(

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from .._errors import ProtocolError
+from .._graph import user_ids
 from .channel import Channel, Closed
 from .host import (Holding, Refused, Sessions, SliceForm, answer, failed, provisioned,
                    refused_catalog, short, slice_form)
@@ -273,7 +274,7 @@ class Connection:
             return
         self.busy_since = None
         try:
-            self.server.sessions.install(session, head["c"], graph, bool(head.get("k")))
+            self.server.sessions.install(session, head["c"], graph, head.get("keeps") is True)
         except Refused as exc:
             self._refuse_session(exc)
             return
@@ -315,8 +316,8 @@ class Connection:
             if reply.settle is not None:
                 self._settle(reply.settle)
         if reply.kind == "done" and size and say.routine_too:
-            say.routine("%s: slice %s ran in %.1f ms, answered %d bytes", self.name, nodes,
-                        took * 1e3, size)
+            say.routine("%s: slice %s ran in %.1f ms, answered %d bytes", self.name,
+                        _said(nodes), took * 1e3, size)
 
     def _settle(self, settle: Callable[[], None]) -> None:
         """Runs what a slice's nodes left for after its answer, now it has gone: busy
@@ -336,7 +337,7 @@ class Connection:
             return self.channel.send(reply.kind, reply.header, reply.buffers)
         except ProtocolError as exc:  # nothing was sent
             failure = failed(ProtocolError(
-                f"the answer to slice {nodes} is too large for the client: {exc}; give "
+                f"the answer to slice {_said(nodes)} is too large for the client: {exc}; give "
                 "Worker(..., limits=Limits(frame=...)) a larger frame"), [])
             failure.header["x"] = reply.header.get("x", [])
             self.channel.send("error", failure.header)
@@ -385,3 +386,9 @@ def _mismatch(version: Any) -> str:
 def _clip(text: str, limit: int = 500) -> str:
     """A message that may quote a peer, cut to a line's length."""
     return text if len(text) <= limit else text[:limit] + f"... ({len(text) - limit} more characters)"
+
+
+def _said(nodes: Any) -> Any:
+    """A slice's nodes as the user knows them; what a malformed request named, as it is."""
+    ok = isinstance(nodes, list) and all(type(n) is str for n in nodes)
+    return user_ids(nodes) if ok else nodes

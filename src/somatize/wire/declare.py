@@ -30,7 +30,7 @@ from .._errors import DeclarationError, WireError
 from .._optional import optional
 from .client import SocketLink
 from .protocol import Limits
-from .transport import Place
+from .transport import Link, Place, Tenancy
 
 __all__ = ["Worker", "parse_address", "provides"]
 
@@ -142,6 +142,8 @@ class Worker(Place):
                 f"a worker is declared with an address ('node3:7000') or an argv to start, "
                 f"not {target!r}")
         self._link = SocketLink(self)
+        self._lanes: dict[bytes, SocketLink] = {}  # a connection per session that shares
+        self._lanes_carried = {"sent": 0, "received": 0}  # by the lanes closed since
         self._wire = (b"at " + f"{self._target[0].lower()}:{self._target[1]}".encode()
                       if self._target else b"child " + secrets.token_hex(16).encode())
 
@@ -269,9 +271,41 @@ class Worker(Place):
             return f"the child {self._argv!r}"
         return f"[{address[0]}]:{address[1]}" if ":" in address[0] else f"{address[0]}:{address[1]}"
 
+    def link_for(self, tenancy: Tenancy) -> Link:
+        """A session that shares a trainer there has a connection of its own: a worker
+        answers one connection's requests in turn, and a shared trainer's slice may wait
+        for another client's gradient, which must not queue behind it."""
+        if not tenancy.shares:
+            return self._link
+        lane = self._lanes.get(tenancy.session)
+        if lane is None:
+            lane = self._lanes.setdefault(tenancy.session, SocketLink(self))
+        return lane
+
+    def end(self, tenancy: Tenancy) -> None:
+        """Ends the session there; its own connection, if it had one, goes with it."""
+        super().end(tenancy)
+        lane = self._lanes.pop(tenancy.session, None)
+        if lane is not None:
+            lane.close()
+            for way, size in lane.traffic().items():
+                self._lanes_carried[way] += size
+
+    def traffic(self) -> dict[str, int]:
+        """The bytes sent to the worker and received from it over this place's life, on
+        its connection and on those of the sessions that share a trainer there."""
+        total = dict(self._lanes_carried)
+        for link in (self._link, *list(self._lanes.values())):
+            for way, size in link.traffic().items():
+                total[way] += size
+        return total
+
     def close(self) -> None:
         """Closes the connection, and ends the child if this worker started one."""
         self._link.close()
+        for lane in list(self._lanes.values()):
+            lane.close()
+        self._lanes.clear()
         child, self._child = self._child, None
         _children.discard(self)
         if child is not None:

@@ -22,7 +22,7 @@ from typing import Any, Callable, NamedTuple
 
 from .._engine import run_slice
 from .._errors import NodeError, ProtocolError, SomaError
-from .._graph import made_from
+from .._graph import made_from, user_ids
 from .._node import Opaque, afterwards_held_here
 from .._slices import Shape, Slice
 from .catalog import build, catalog_id, pack_values, unpack_values
@@ -109,9 +109,10 @@ class Sharing:
     takes it: the slices of unrelated sessions run side by side.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, patience: float = 30.0) -> None:
         self.table: dict[str, Any] = {}
         self.lock = threading.Condition()
+        self.patience = patience  # how long a slice waits for other sessions' (seconds)
 
     def joined(self, graph: Any, session: bytes) -> tuple[Any, tuple]:
         """``graph`` with what its nodes share put in, and the nodes that share."""
@@ -124,7 +125,7 @@ class Sharing:
         with self.lock:
             for impl in sharers:
                 try:
-                    put = impl.share_on(self, graph.impls, session.hex()[:12])
+                    put = impl.share_on(self, graph.impls, session.hex())
                 except BaseException:  # all of a catalog shares, or none of it
                     for joined in shares:
                         joined.unshare()
@@ -148,10 +149,24 @@ class Sharing:
         with self.lock:
             for key, shared in list(self.table.items()):
                 idle = shared.idle_for(now)
-                if idle > lease:
+                if idle is not None and idle > lease:
                     del self.table[key]
                     say("shared %r let go: nobody trained it for %.0f s (--session-lease %g)",
                         key, idle, lease)
+
+    def trim(self, room: int, most: int) -> None:
+        """Keeps at most ``room`` of what no session shares any more, letting the
+        longest idle go first: each holds a node and its optimizer's state as a
+        session does, so each counts against the host's ``most`` sessions, and goes
+        before any session does."""
+        with self.lock:
+            now = time.monotonic()
+            idle = sorted(((shared.idle_for(now), key) for key, shared in self.table.items()
+                           if shared.idle_for(now) is not None), reverse=True)
+            for seconds, key in idle[:max(0, len(idle) - room)]:
+                del self.table[key]
+                say("shared %r let go after nobody trained it for %.0f s, to keep within "
+                    "%d sessions (--max-sessions)", key, seconds, most)
 
 
 class Refused(Exception):
@@ -169,13 +184,14 @@ class Sessions:
     is let go; a session let go is remembered as gone, with the reason, so its owner
     is told rather than handed a fresh copy of what it had."""
 
-    def __init__(self, most: int = 64, lease: float = 86400.0, routine: Any = None):
+    def __init__(self, most: int = 64, lease: float = 86400.0, routine: Any = None,
+                 patience: float = 30.0):
         self.most, self.lease = most, lease
         self._routine = say.routine if routine is None else routine  # the everyday lines
         self._held: collections.OrderedDict[bytes, Tenant] = collections.OrderedDict()
         self._gone: collections.OrderedDict[bytes, str] = collections.OrderedDict()
         self._lock = threading.Lock()
-        self.sharing = Sharing()
+        self.sharing = Sharing(patience)
         self._leaving: list[tuple] = []  # what sessions forgotten under the lock shared
         # Every slice looks its session up, and a look at every session held for one
         # idle past the lease is a walk over all of them: it is taken at most every
@@ -304,10 +320,18 @@ class Sessions:
             self._leaving.append(tenant.shares)
 
     def _let_go(self) -> None:
-        """What the sessions just forgotten shared stops being shared; called with the
-        sessions' lock released, as the sharing lock is taken after it, never before."""
-        while self._leaving:
-            self.sharing.left(self._leaving.pop())
+        """What the sessions just forgotten shared stops being shared, and what nobody
+        shares any more is kept within the room the sessions leave; called with the
+        sessions' lock released, as the sharing lock is taken after it, never before.
+        The list is taken whole under the lock, since several connections' threads
+        may let go at once."""
+        with self._lock:
+            leaving, self._leaving = self._leaving, []
+            room = self.most - len(self._held)
+        for shares in leaving:
+            self.sharing.left(shares)
+        if self.sharing.table:
+            self.sharing.trim(room, self.most)
 
 
 def _held_nodes(graph: Any) -> str:
@@ -477,16 +501,19 @@ def _settled(tenant: Tenant) -> None:
     for node, work in left:
         try:
             work()
-        except Exception as exc:
+        except BaseException as exc:  # noqa: BLE001  (a node's exit is not this host's)
             if tenant.failed is not None:  # one said already; this one is in the log
                 say.block(f"node {node!r}: the work it left for after its answer failed "
                           f"too: {exc}", traceback_text(exc))
                 continue
+            serves = ("" if isinstance(exc, Exception) else
+                      "; a worker does not stop for a node's "
+                      f"{type(exc).__name__} (it serves on)")
             error = NodeError(
                 f"node {node!r} left work for after its answer (Ctx.afterwards), and it "
-                f"raised {type(exc).__name__}: {exc}; the slice after it did not run, since "
-                "the node's state is what that work left; fix the work, or do it in forward",
-                node=str(node), kind=type(exc).__name__)
+                f"raised {type(exc).__name__}: {exc}{serves}; the slice after it did not "
+                "run, since the node's state is what that work left; fix the work, or do "
+                "it in forward", node=str(node), kind=type(exc).__name__)
             error.__cause__ = exc
             tenant.failed = failed(error, [], f"node {node!r}: the work it left for after its "
                                               f"answer failed: {exc}")
@@ -499,23 +526,23 @@ def _run(piece: Slice, holding: Holding) -> Answer:
     try:
         out = run_slice(piece.shape.data, piece, facts)
     except Exception as exc:  # the one boundary where a slice's failure is translated
-        return failed(exc, facts, f"slice {list(piece.shape.nodes)} failed after "
+        return failed(exc, facts, f"slice {user_ids(piece.shape.nodes)} failed after "
                                   f"{(time.perf_counter() - began) * 1e3:.1f} ms: {exc}")
     except (KeyboardInterrupt, SystemExit) as exc:  # a node's, not this worker's to obey
-        node, kind = getattr(exc, "soma_node", piece.shape.nodes[0]), type(exc).__name__
+        named = user_ids(piece.shape.nodes)
+        node, kind = getattr(exc, "soma_node", named[0]), type(exc).__name__
         error = NodeError(
             f"node {node!r} raised {kind}({exc}) on the worker; a worker does not stop for a "
             f"node's {kind} (it serves on): raise an ordinary exception to fail a slice",
             node=node, kind=kind)
         error.__cause__ = exc
-        return failed(error, facts, f"slice {list(piece.shape.nodes)}: node {node!r} raised {kind}; "
-                                    "serving on")
+        return failed(error, facts, f"slice {named}: node {node!r} raised {kind}; serving on")
     buffers: list[Any] = []
     try:
         trees, refused = pack_values(out, buffers)
     except Exception as exc:  # a codec that failed otherwise than by refusing
-        return failed(exc, facts, f"slice {list(piece.shape.nodes)} ran, and its outputs could not "
-                                  f"be packed: {exc}")
+        return failed(exc, facts, f"slice {user_ids(piece.shape.nodes)} ran, and its outputs "
+                                  f"could not be packed: {exc}")
     for node in refused:
         holding.held[node] = out[node]
     header: dict[str, Any] = {"v": trees}

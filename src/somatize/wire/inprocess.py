@@ -63,7 +63,19 @@ class InProcessLink(Link):
     def restart(self) -> None:
         # its everyday lines would be this process's own terminal's: left out
         self.sessions, self.holding = Sessions(routine=lambda *said: None), Holding()
+        self.lanes: dict[bytes, tuple[threading.Lock, Holding]] = {}
         self.instance = uuid.uuid4().hex
+
+    def _lane(self, tenancy: Tenancy) -> tuple[threading.Lock, Holding]:
+        """The lock and held outputs a session's requests run under: the host's one
+        connection, or one of its own for a session whose slices wait for other
+        clients' (a shared trainer), as a socket gives it a connection of its own."""
+        if not tenancy.shares:
+            return self.lock, self.holding
+        lane = self.lanes.get(tenancy.session)
+        if lane is None:
+            lane = self.lanes.setdefault(tenancy.session, (threading.Lock(), Holding()))
+        return lane
 
     def submit(self, request: Request) -> Pending:
         pending = Pending(self, request)
@@ -80,7 +92,7 @@ class InProcessLink(Link):
             self._provide(host, tenancy)
             head, buffers = _carried(request.header(), request.buffers)
             began = time.perf_counter_ns()
-            kind, head, back = self._answered(host, nodes, head, buffers)
+            kind, head, back = self._answered(host, nodes, head, buffers, tenancy)
             if kind == "need":  # the host holds the session no more
                 tenancy.declared = None
                 if tenancy.learnt:
@@ -96,12 +108,15 @@ class InProcessLink(Link):
                               watching=request.watching)
         raise AssertionError("unreachable")
 
-    def _answered(self, host: str, nodes: list[str], head: dict, buffers: list) -> tuple:
+    def _answered(self, host: str, nodes: list[str], head: dict, buffers: list,
+                  tenancy: Tenancy) -> tuple:
         """The host's answer as it would arrive: kind, header and buffers, carried back."""
+        lock, holding = self._lane(tenancy)
+
         def serve() -> tuple:
-            with self.lock:
+            with lock:
                 try:
-                    reply = answer(self.sessions, head, buffers, self.holding)
+                    reply = answer(self.sessions, head, buffers, holding)
                 except ProtocolError as exc:
                     return "error", {"e": "ProtocolError", "m": str(exc)}, []
             carried, back = _carried({"k": reply.kind, "h": reply.header}, reply.buffers)
@@ -145,6 +160,7 @@ class InProcessLink(Link):
         tenancy.declared, tenancy.instance = staged.ident, self.instance
 
     def end(self, tenancy: Tenancy) -> None:
+        self.lanes.pop(tenancy.session, None)
         if tenancy.declared is not None and tenancy.instance == self.instance:
             tenancy.declared = None
             self.sessions.end(tenancy.session)

@@ -245,6 +245,10 @@ def encode(kind: str, header: dict[str, Any] | None = None, buffers: list[Any] =
         sizes.append(size)
     # A copy, since a caller may send the same header again (a retried slice does).
     head = dict(header) if header else {}
+    if "k" in head or "b" in head:  # the frame's own keys: a caller's would be lost
+        raise ProtocolError(f"a {kind!r} frame's header may not use the keys 'k' and 'b', "
+                            "which say the frame's kind and its buffers' sizes; name the "
+                            "field otherwise")
     head["k"] = kind
     if sizes:
         head["b"] = sizes

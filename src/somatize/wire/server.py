@@ -65,7 +65,7 @@ class Server:
                  tls: ssl.SSLContext | None = None, timeout: float = 30.0,
                  limits: Limits | None = None, max_connections: int = 128,
                  max_unauthenticated: int | None = None, max_sessions: int = 64,
-                 session_lease: float = 86400.0):
+                 session_lease: float = 86400.0, shared_patience: float = 30.0):
         if max_unauthenticated is None:
             max_unauthenticated = min(16, max_connections)
         if not 1 <= max_unauthenticated <= max_connections:
@@ -89,7 +89,8 @@ class Server:
         if max_sessions < 1 or not session_lease > 0:
             raise ValueError(f"a worker holds at least one session, for a lease above 0 s, "
                              f"not {max_sessions} for {session_lease} s")
-        self.sessions = Sessions(max_sessions, session_lease)  # a catalog per client session
+        # a catalog per client session
+        self.sessions = Sessions(max_sessions, session_lease, patience=shared_patience)
         self._connections: set[Connection] = set()  # every one held, authenticated or not
         self._waiting: dict[Connection, None] = {}  # the unauthenticated, oldest first
         self._lock = threading.Lock()

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .. import _errors
 from .._errors import (DeclarationError, Lost, NodeError, ProtocolError, StateLost,
                        UnwritableError, WireError)
+from .._graph import user_ids
 from .._slices import Outcome
 from .catalog import MODES, pack_nodes, unpack_values
 from .protocol import Limits
@@ -49,13 +50,15 @@ class Staged:
 @dataclass(eq=False)
 class Tenancy:
     """One client session on one host, as this client knows it: its id, whether its
-    owner keeps state there (a Trainer's trainers), the catalog staged for it, and
+    owner keeps state there (a Trainer's trainers) and shares it with other clients
+    (a shared trainer, whose slices wait there for theirs), the catalog staged for it, and
     what the host was last known to hold for it (which catalog, in which process, and
     whether a slice has run there since)."""
 
     session: bytes
     keeps: bool = False
     staged: Staged | None = None
+    shares: bool = False  # its slices may wait there for other clients' (a shared trainer)
     declared: str | None = None
     instance: str | None = None
     live: bool = False
@@ -88,7 +91,9 @@ class Form:
     which session, host and nodes, what is wanted back, whether it walks its nodes
     back. Made once per session and shape; a link may say it to its host once per
     connection and name it after that (``header``), noting in ``said`` which of its
-    connections that was and the number the form goes by there."""
+    connections that was and the number the form goes by there. ``named`` are its
+    nodes as the user knows them (a trainer's made positions are its node): what a
+    message about the slice says."""
 
     tenancy: Tenancy
     host: str
@@ -96,6 +101,10 @@ class Form:
     wanted: list[str]
     transposed: bool = False
     said: tuple[int, int] | None = None
+    named: list[str] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.named = user_ids(self.nodes)
 
     def header(self) -> dict[str, Any]:
         """These fields as a request header says them; what is off is left out."""
@@ -129,7 +138,8 @@ class Request:
 
     @property
     def nodes(self) -> list[str]:
-        return self.form.nodes
+        """The slice's nodes as the user knows them, for what is said about it."""
+        return self.form.named
 
     def header(self, form: dict[str, Any] | None = None) -> dict[str, Any]:
         """The slice's request header: the form's fields (or ``form``, what stands for
@@ -148,15 +158,16 @@ class Request:
 # -- the two classes a transport subclasses ---------------------------------------------------
 class Pending:
     """A slice handed to a link and not read back yet: ``result()`` answers its Outcome,
-    or raises what went wrong, naming the host. A link settles it by setting
-    ``outcome`` or ``error`` and ``settled``; ``settle`` is how it reads one it has not."""
+    or raises what went wrong, naming the host and (``nodes``, as the user knows them)
+    the slice. A link settles it by setting ``outcome`` or ``error`` and ``settled``;
+    ``settle`` is how it reads one it has not."""
 
     __slots__ = ("error", "host", "link", "nodes", "outcome", "sent", "settled", "tenancy",
                  "took_sent", "watching")
 
     def __init__(self, link: Link, request: Request):
         form = request.form
-        self.link, self.host, self.nodes, self.tenancy = link, form.host, form.nodes, form.tenancy
+        self.link, self.host, self.nodes, self.tenancy = link, form.host, form.named, form.tenancy
         self.watching = request.watching
         self.settled = False
         self.outcome: Outcome | None = None
@@ -233,6 +244,22 @@ class Place:
     def link(self) -> Link:
         """The client's end of this place's transport, which every slice for it uses."""
         return self._link
+
+    def link_for(self, tenancy: Tenancy) -> Link:
+        """The link a session's slices go over: the place's own, unless the transport
+        must carry a session whose slices wait there for other clients' (``shares``)
+        apart from the rest, lest another session's request queue behind one that is
+        waiting for it."""
+        return self._link
+
+    def end(self, tenancy: Tenancy) -> None:
+        """Tells the host the session's owner is done with it (see ``Link.end``)."""
+        self.link_for(tenancy).end(tenancy)
+
+    def traffic(self) -> dict[str, int] | None:
+        """What every link of this place carried over its life (``Link.traffic``), or
+        None where the transport does not count it."""
+        return self._link.traffic()
 
     @property
     def wire(self) -> bytes:
@@ -315,6 +342,9 @@ class RemoteTraceback(Exception):
     def __init__(self, text: str, host: str):
         super().__init__(text)
         self.text, self.host = text, host
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickle's default gives the text alone
+        return RemoteTraceback, (self.text, self.host)
 
     def __str__(self) -> str:
         return f"on host {self.host!r}:\n{self.text.rstrip()}"
