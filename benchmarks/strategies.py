@@ -137,7 +137,7 @@ def parts_of(current, clients, round, mu, attackers):
 
 
 def ours(clients, test, rounds, *, where, run, mu=0.0, stragglers=0.0, attackers=(),
-         within=0.3, threads_train=False, **how) -> list[float]:
+         within=0.6, threads_train=False, **how) -> list[float]:
     """Rounds through gather, each client a thread; answers accuracy per round. The
     parts are trained first, so that a quorum's ``within`` counts from one moment for
     every client, unless ``threads_train``: then each thread trains its own."""
@@ -152,8 +152,9 @@ def ours(clients, test, rounds, *, where, run, mu=0.0, stragglers=0.0, attackers
         def one(k, current=current, round=round, late=late, parts=parts):
             part = parts[k] if parts else train(current, clients[k], seed=1000 * round + k,
                                                 mu=mu)
-            if k in late:
-                time.sleep(within + 0.1)  # after the round closed: it takes its average
+            if k in late:  # it turns up once the round closed, and takes its average
+                while store.resolve(f"fed/{run}/{round}/average") is None:
+                    time.sleep(0.01)
             answers[k] = gather(store, part, run=run, round=round, clients=n, mine=k,
                                 size=len(clients[k][1]), start=start, asking=0.05,
                                 within=within if late else 60.0,
