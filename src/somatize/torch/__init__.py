@@ -26,17 +26,22 @@ torch`` in here is the usual one.
 from __future__ import annotations
 
 from .._errors import NoGradient, OutOfStep
+from ._aggregate import bulyan, fedavg, fedmedian, fedtrimmedavg, krum
 from ._architecture import architecture, kind_of, traced
 from ._audit import Audit
 from ._checkpoint import ANSWERS as _CHECKPOINT_ANSWERS
 from ._codec import register as _register
-from ._federated import fedavg, gather
+from ._dp import ClientPrivacy, noise_for, privacy_spent
+from ._evaluate import evaluate
+from ._federated import gather
+from ._fedprox import fedprox
 from ._learning import Learning, Split, envelope, gradient
 from ._learning import answers as _answers
 from ._learning import shared_by as _shared_by
 from ._module import module
 from ._privacy import Protection
 from ._probe import probe
+from ._server import FedAdagrad, FedAdam, FedAvgM, FedYogi, ServerOptimizer
 from ._shared import ANSWERS as _SHARED_ANSWERS
 from ._shared import Shared as _Shared
 from ._proxies import EVERY, proxies, proxy
@@ -52,23 +57,37 @@ _shared_by(_Shared)
 
 __all__ = [
     "Audit",
+    "ClientPrivacy",
     "EVERY",
+    "FedAdagrad",
+    "FedAdam",
+    "FedAvgM",
+    "FedYogi",
     "Learning",
     "NoGradient",
     "OutOfStep",
     "Protection",
     "Result",
+    "ServerOptimizer",
     "Split",
     "Trainer",
     "architecture",
+    "bulyan",
     "envelope",
+    "evaluate",
     "fedavg",
+    "fedmedian",
+    "fedprox",
+    "fedtrimmedavg",
     "freeze",
     "gather",
     "gradient",
     "kind_of",
+    "krum",
     "module",
+    "noise_for",
     "parameters",
+    "privacy_spent",
     "probe",
     "proxies",
     "proxy",
