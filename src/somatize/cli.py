@@ -12,7 +12,7 @@
     somatize export mlflow STORE RUN [--tracking-uri U]  a run as an MLflow run
     somatize worker ...                      a worker (python -m somatize.worker)
     somatize token                           a fresh random token for workers and clients
-    somatize demo [--store DIR] [--steps N]  the whole job, in about 15 s
+    somatize demo [--store DIR] [--steps N]  the whole job, in about 20 s
 
 Every command that reads a store also reads one in a bucket: ``s3://BUCKET[/PREFIX]``,
 with ``--endpoint URL`` (or ``AWS_ENDPOINT_URL``) and the usual AWS credential
