@@ -25,10 +25,12 @@ torch`` in here is the usual one.
 from __future__ import annotations
 
 from .._errors import NoGradient, OutOfStep
+from ..wire.declare import sharing_cores as _sharing_cores
 from ._architecture import architecture, kind_of, traced
 from ._audit import Audit
 from ._checkpoint import ANSWERS as _CHECKPOINT_ANSWERS
 from ._codec import register as _register
+from ._cores import keep as _keep_threads
 from ._federated import fedavg, gather
 from ._learning import Learning, Split, envelope, gradient
 from ._learning import answers as _answers
@@ -46,6 +48,7 @@ _answers(_WEIGHTS_ANSWERS)
 _answers(_CHECKPOINT_ANSWERS)
 _answers(_SHARED_ANSWERS)
 _shared_by(_Shared)
+_sharing_cores(_keep_threads)  # a worker started beside this process gets half the cores
 
 __all__ = [
     "Audit",
