@@ -15,8 +15,11 @@ $(READY): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[all,dev]'
 	touch $(READY)
 
+# The tests run in parallel processes, a file's tests together (tests/conftest.py says
+# why); `make test TEST_JOBS=0` runs them in this one process instead.
+TEST_JOBS ?= auto
 test: $(READY)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --maxprocesses=4 --dist loadfile
 
 demo: $(READY)
 	$(BIN)/somatize demo

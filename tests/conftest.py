@@ -46,6 +46,29 @@ def _without_cuda() -> str | None:
     return None
 
 
+# Where make test runs the tests in parallel processes (pytest-xdist, --dist loadfile),
+# a file's tests stay together: its module fixtures (a worker, a trained model) are made
+# once, not once per process, and its tests keep the order they were written in. The
+# folders in TOGETHER go to one process as a whole: one local Ray cluster is what two
+# cores hold, and each process would start its own. (xdist's loadgroup would say this
+# with marks, but its groups are lost under pytest 9: it renames items pytest no longer
+# reads the names of.)
+TOGETHER = ("tests/ray/",)
+
+if importlib.util.find_spec("xdist") is not None:  # a hook pytest knows only with xdist
+    def pytest_xdist_make_scheduler(config, log):
+        if config.getvalue("dist") != "loadfile":
+            return None  # another --dist: xdist's own
+        from xdist.scheduler import LoadFileScheduling
+
+        class Together(LoadFileScheduling):
+            def _split_scope(self, nodeid: str) -> str:
+                file = nodeid.split("::", 1)[0]
+                return next((folder for folder in TOGETHER if file.startswith(folder)), file)
+
+        return Together(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     marked = [item for item in items if item.get_closest_marker("cuda") is not None]
     why = _without_cuda() if marked else None  # torch is imported only if a test asks
