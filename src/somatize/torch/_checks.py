@@ -207,6 +207,15 @@ def check_gradients(graph: Graph, optimizer: Any) -> None:
              if any(id(p) in missing for p in held(graph.implementation(n), n))]
     where = (f"node(s) {', '.join(map(repr, nodes))}" if nodes
              else "parameters that belong to no node of this graph")
+    placed = {node: host for node, host in graph.hosts().items() if node in nodes}
+    if placed:  # its forward and backward run there: no gradient comes back to these copies
+        node, host = next(iter(placed.items()))
+        raise NoGradient(
+            f"{len(missing)} parameter(s) the optimizer holds got no gradient, from "
+            f"{where}: {', '.join(f'{n!r} runs on {h!r}' for n, h in placed.items())} "
+            "(.at), so its parameters are trained there, not by the optimizer here; "
+            f"give it a trainer where it runs, trains={{{node!r}: Split(torch.optim.SGD, "
+            f"lr=...)}}, and leave it out of this optimizer: parameters(g, without=trains)")
     raise NoGradient(
         f"{len(missing)} parameter(s) the optimizer holds got no gradient over a whole "
         f"group, from {where}: their output does not reach the loss (detached, converted "

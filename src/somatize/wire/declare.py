@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from .._errors import DeclarationError, WireError
+from .._errors import DeclarationError, StateLost, WireError
 from .._optional import optional
 from .client import SocketLink
 from .protocol import Limits
@@ -234,6 +234,13 @@ class Worker(Place):
         """Where to connect: the declared address, or where the child says it listens."""
         if self._target is not None:
             return self._target
+        if self._child is None:  # started, then closed: what it held is gone with it
+            raise StateLost(
+                f"host {host!r}: the worker this process started for it was closed (its "
+                "`with` block ended, or close() was called), and what it held went with "
+                "it: the weights and optimizer state of the nodes trained there included. "
+                "Ask for them (export(), a checkpoint) inside the `with` block, or close "
+                "the worker only once you have them", host=host)
         with self._start_lock:
             if self._listening is None:
                 self._listening = self._read_listening(host)
