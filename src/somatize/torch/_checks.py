@@ -146,6 +146,24 @@ def grad_mark(parameter: Any) -> Any:
     return None if grad is None else (id(grad), grad._version)
 
 
+def check_devices(graph: Graph) -> None:
+    """A node ``.on()`` a CUDA device, here, where torch sees none: its forward either
+    ignores ``ctx.device`` and trains on the CPU unsaid, or uses it and fails with
+    torch's own words, which do not name the node. Said once, before anything runs;
+    a node on a worker is left to the worker, whose machine may have one."""
+    if torch.cuda.is_available():
+        return
+    here = {node: device for node, device in graph.devices().items()
+            if node not in graph.hosts() and str(device).startswith("cuda")}
+    for node, device in here.items():
+        warnings.warn(
+            f"node {node!r} is .on({device!r}), and torch {torch.__version__} sees no CUDA "
+            "device on this machine: a forward that ignores ctx.device runs on the CPU, one "
+            "that uses it fails (\"Torch not compiled with CUDA\"). Run it where "
+            "torch.cuda.is_available() is True, put it on such a worker (.at(host)), or "
+            "drop .on(...) to train on the CPU here", UserWarning, stacklevel=outside_somatize())
+
+
 def warn_unheld(unheld: dict[str, list[Any]]) -> None:
     """Once, at the first update: parameters the optimizer does not hold that got a
     gradient anyway. Never for those no gradient reaches by construction (above a
