@@ -310,7 +310,7 @@ def _share_cores(env: dict[str, str]) -> int | None:
 
     Left to torch's default, the child and its client each take every core, and their
     pools spin against each other while they take turns: 40 split steps of a small
-    model took 3-20 s on two busy cores where one thread each took 0.3-0.6 s."""
+    model took 6.6 s on two busy cores where half each took 0.3 s (benchmarks/cores.py)."""
     if any(env.get(name) for name in _THREADS):
         return None
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
