@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import inspect
 import re
+import sys
+import warnings
 from collections.abc import Collection
 from typing import Any
 
@@ -280,10 +282,18 @@ def assign_ids(entries: list[tuple[Any, str | None, dict]]) -> list[str]:
         if node_id is None:
             continue
         if node_id in chosen:
-            first = type(entries[chosen[node_id]][0]).__qualname__
+            earlier = entries[chosen[node_id]][0]
+            if earlier is impl:
+                raise DeclarationError(
+                    f"the same {type(impl).__qualname__} object is used twice in the "
+                    f"expression, named {node_id!r} both times, and one name is one node: "
+                    f"for two layers make two objects ({type(impl).__qualname__}(...) twice); "
+                    "to run one object's weights twice on purpose, give its second use a "
+                    "name of its own (.named(...))"
+                )
             raise DeclarationError(
-                f"two nodes are named {node_id!r}: a {first} and a {type(impl).__qualname__}; "
-                "ids are unique within a graph"
+                f"two nodes are named {node_id!r}: a {type(earlier).__qualname__} and a "
+                f"{type(impl).__qualname__}; ids are unique within a graph"
             )
         chosen[node_id] = position
     taken = set(chosen)
@@ -294,4 +304,30 @@ def assign_ids(entries: list[tuple[Any, str | None, dict]]) -> list[str]:
             node_id = default_id(impl, taken, counts)
             taken.add(node_id)
         ids.append(node_id)
+    _warn_of_reuse(entries, ids)
     return ids
+
+
+def _warn_of_reuse(entries: list[tuple[Any, str | None, dict]], ids: list[str]) -> None:
+    """One object at two places of an expression is two nodes sharing its state: torch
+    allows a layer applied twice, and some mean it (tied weights), so it is said, not
+    refused; most meant two layers and wrote ``a >> b >> a``."""
+    first: dict[int, str] = {}
+    for (impl, _, _), node_id in zip(entries, ids):
+        if id(impl) not in first:
+            first[id(impl)] = node_id
+            continue
+        warnings.warn(
+            f"nodes {first[id(impl)]!r} and {node_id!r} are one {type(impl).__qualname__} "
+            "object, used twice in the expression: they share its weights and state. For "
+            f"two layers, make two objects ({type(impl).__qualname__}(...) twice); if you "
+            "mean them to share, nothing else needs doing",
+            UserWarning, stacklevel=_outside())
+
+
+def _outside() -> int:
+    """The stacklevel of the user's call: the first frame that is not somatize's."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("somatize"):
+        frame, level = frame.f_back, level + 1
+    return level

@@ -507,12 +507,12 @@ def test_a_secret_is_a_str_or_bytes_and_a_short_one_is_warned_of(tmp_path):
 # -- the example: processes on a folder, submitit on a bucket
 
 
-def example(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+def example(*args: str, env: dict | None = None, cwd=None) -> subprocess.CompletedProcess:
     env = {**os.environ, **(env or {}),
            "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")])}
     return subprocess.run([sys.executable, str(ROOT / "examples" / "federated.py"), *args],
                           check=False, env=env, capture_output=True, text=True,
-                          timeout=240)
+                          timeout=240, cwd=cwd)
 
 
 def check_the_run(store: Store, run: str, clients: int, rounds: int) -> None:
@@ -553,14 +553,15 @@ def test_the_example_through_submitit_on_a_bucket(tmp_path, monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", servers.SECRET)
     with servers.s3_server() as endpoint:
         servers.make_bucket(endpoint, "federated")
-        done = example("--via", "submitit", "--logs", str(tmp_path / "logs"), "--clients",
+        done = example("--via", "submitit", "--clients",
                        "4", "--rounds", "3", "--steps", "4", "--asking", "0.05",
                        "--endpoint", endpoint, "--bucket", "federated", "--prefix", "fed",
-                       "--run", "demo")
+                       "--run", "demo", cwd=tmp_path)
         assert done.returncode == 0, done.stderr + done.stdout
         assert "every client ends with the same weights: yes" in done.stdout
         check_the_run(Store.on_bucket(endpoint, "federated", prefix="fed"), "demo", 4, 3)
-    assert len(list((tmp_path / "logs").glob("*_result.pkl"))) == 4  # four submitit jobs
+    # submitit's files: by default in a folder of this run's own, where it was started
+    assert len(list((tmp_path / "submitit-logs" / "demo").glob("*_result.pkl"))) == 4
 
 
 def test_on_slurm_the_executor_is_the_one_line_that_changes(tmp_path, monkeypatch):

@@ -26,11 +26,13 @@ torch`` in here is the usual one.
 from __future__ import annotations
 
 from .._errors import NoGradient, OutOfStep
+from ..wire.declare import sharing_cores as _sharing_cores
 from ._aggregate import bulyan, fedavg, fedmedian, fedtrimmedavg, krum
 from ._architecture import architecture, kind_of, traced
 from ._audit import Audit
 from ._checkpoint import ANSWERS as _CHECKPOINT_ANSWERS
 from ._codec import register as _register
+from ._cores import keep as _keep_threads
 from ._dp import ClientPrivacy, noise_for, privacy_spent
 from ._evaluate import evaluate
 from ._federated import gather
@@ -54,6 +56,7 @@ _answers(_WEIGHTS_ANSWERS)
 _answers(_CHECKPOINT_ANSWERS)
 _answers(_SHARED_ANSWERS)
 _shared_by(_Shared)
+_sharing_cores(_keep_threads)  # a worker started beside this process gets half the cores
 
 __all__ = [
     "Audit",

@@ -40,6 +40,7 @@ from .._slices import runner_of
 from ._audit import audit_for
 from ._checks import (
     check_caches,
+    check_devices,
     check_given_optimizer,
     check_gradients,
     check_trains,
@@ -126,6 +127,7 @@ class Trainer:
         self._watching = self._watchers or None  # as the walk wants it: None is cheapest
         frozen = set(graph.frozen())
         check_caches(graph, frozen)
+        check_devices(graph)
         trains = check_trains(graph, trains, optimizer, frozen)
         self._unheld = check_given_optimizer(graph, optimizer, frozen,
                                         elsewhere=set(trains) | set(graph.hosts()))
