@@ -6,7 +6,8 @@ as the request header the client wrote (``n`` nodes, ``w`` wanted, ``f`` forward
 back) and its buffers, and leaves as an :class:`Answer`, a reply's kind, header and
 buffers, which the transport sends as they are. The socket worker
 (``connection.py``) and the Ray actor (``somatize.ray``) both call :func:`answer`,
-so a slice runs one way whichever way it came.
+so a slice runs one way whichever way it came; and :func:`control` for a verb of a
+session (``somatize._verbs``), what its owner asks besides a slice.
 """
 
 from __future__ import annotations
