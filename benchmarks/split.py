@@ -211,20 +211,47 @@ def somatize_numbers(width, rows, worker):
     trains = {"body": Split(torch.optim.SGD, lr=0.01)}
     split = Trainer(cut, objective=mse, trains=trains, broker=Broker.embedded({"w": worker}),
                     optimizer=torch.optim.SGD(parameters(cut, without=trains), lr=0.01))
+    cut = model(width, "w")
+    seeded = Trainer(cut, objective=mse, trains={"body": Split(torch.optim.SGD, lr=0.01)},
+                     broker=Broker.embedded({"w": worker}),
+                     optimizer=torch.optim.SGD(parameters(cut, without=["body"]), lr=0.01))
+    seeded.seed(0)  # its session owns a random state there: the path that may swap
     plain = PlainSplit(width, rows)
     try:
         check = data[:3]
         assert [plain.step(b) for b in check] == [split.step(b) for b in check], \
             "the plain split and somatize's trained differently"
-        # Interleaved in blocks, so all three see the same machine.
-        ones, splits, plains = [], [], []
+        # Interleaved in blocks, so all of them see the same machine.
+        ones, splits, plains, owns = [], [], [], []
         for block in range(4):
             ones.append(median(cycled(one.step, data), STEPS // 4, warm=5))
             splits.append(median(cycled(split.step, data), STEPS // 4, warm=5))
             plains.append(median(cycled(plain.step, data), STEPS // 4, warm=5))
+            owns.append(median(cycled(seeded.step, data), STEPS // 4, warm=5))
     finally:
         plain.close()
+    SEEDED[width] = min(owns)
     return min(ones), min(splits), min(plains)
+
+
+SEEDED: dict[int, float] = {}  # the seeded split's step, by width
+
+
+def swap_cost(times=2000):
+    """What putting one session's random state in place of another's costs (one read
+    and one set of torch's, Python's and numpy's generators), where this somatize swaps."""
+    try:
+        from somatize.torch._random import put, taken
+    except ImportError:
+        return None
+    import time
+
+    state = taken()
+    began = time.perf_counter()
+    for _ in range(times):
+        put(state)
+        state = taken()
+    return (time.perf_counter() - began) / times
 
 
 # -- the anchor: torch.distributed.rpc with distributed autograd -----------------------------
@@ -416,6 +443,14 @@ def main():
     print(f"split step, micro=4 (~10 ms/step): one piece after another {plain * 1e3:.2f}ms, "
           f"pipelined {overlapped * 1e3:.2f}ms, pipelined/unpipelined {overlapped / plain:.2f}x, "
           f"pipelined/split micro=1 {overlapped / ours['~10 ms/step'][1]:.2f}x")
+    for name, (width, _) in SIZES.items():
+        split = ours[name][1]
+        print(f"split step whose session owns its random state (seeded), {name}: "
+              f"{SEEDED[width] * 1e3:.2f}ms, seeded/split {SEEDED[width] / split:.2f}x")
+    swap = swap_cost()
+    if swap is not None:
+        print(f"one swap of a session's random state (paid only when another session's "
+              f"slice ran in between): {swap * 1e6:.1f} µs")
     one, _, bare = ours["~10 ms/step"]
     print(f"targets: split/one <= 1.15x at ~10 ms/step (plain/one here: {bare / one:.2f}x); "
           "fixed cost <= 400 µs; pipelined micro=4 <= 1.1x split micro=1 and never slower "

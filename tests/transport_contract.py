@@ -7,7 +7,8 @@ and ``restart(place)``, which makes the host behind it a fresh process (or, in
 process, a fresh host), as a restarted worker is. Everything else is the same test
 against every transport: slices answer as here, values cross both ways, what cannot
 travel stays, failures come back named, sessions keep their own, a lost session is
-said, and split training is bit for bit the one-piece run.
+said, split training is bit for bit the one-piece run, and every verb of a session (what
+its owner asks besides a slice) is answered there.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from __future__ import annotations
 import pytest
 import transport_nodes as nodes
 
-from somatize import Broker, Graph, Lost, NodeError, Opaque, StateLost
+from somatize import (Broker, DeclarationError, Graph, Lost, NodeError, Opaque, StateLost,
+                      WireError)
 
 
 class TransportContract:
@@ -166,3 +168,68 @@ class TransportContract:
         a, b = self._split(torch, place), self._split(torch, place)
         both = [(a.step(x), b.step(x)) for x in data]
         assert [la for la, _ in both] == lone == [lb for _, lb in both]
+
+    # -- verbs ----------------------------------------------------------------------
+    def test_a_trainers_verbs_are_answered_where_it_runs(self, place, tmp_path):
+        """weights, load, state, restore, random, set_random, seed and shared_order, each
+        through the Trainer method that says it, against the run the user means."""
+        torch = pytest.importorskip("torch")
+        from somatize.torch import Split, Trainer, parameters
+
+        data = self._batches(torch, 4)
+        one = self._net(torch)
+        whole = Trainer(one, objective=torch.nn.functional.mse_loss,
+                        optimizer=torch.optim.SGD(parameters(one), lr=0.1))
+        split = self._split(torch, place)
+        split.seed(2)  # seed
+        assert whole.step(data[0]) == split.step(data[0])
+        far = split.export()["body"]  # weights
+        assert all(torch.equal(far[k], whole.export()["body"][k]) for k in far)
+        split.load(split.export())  # load
+        split.checkpoint(tmp_path, "ck")  # state, random
+        then = [split.step(b) for b in data[1:]]
+        assert then == [whole.step(b) for b in data[1:]]
+        assert split.resume(tmp_path, "ck") == 1  # restore, set_random
+        assert [split.step(b) for b in data[1:]] == then
+        g = self._net(torch, "h")
+        shared = Trainer(g, objective=torch.nn.functional.mse_loss,
+                         trains={"body": Split(torch.optim.SGD, lr=0.1, shared="contract")},
+                         broker=Broker.embedded({"h": place}),
+                         optimizer=torch.optim.SGD(parameters(g, without=["body"]), lr=0.1))
+        shared.step(data[0])
+        told = shared.shared_order("body")  # shared_order
+        assert [event for _, event in told["order"]] == ["forward", "gradient", "update"]
+        shared.close()
+
+    def test_a_sessions_own_verbs_are_answered_there(self, place):
+        """random, seed and mode for any session's nodes; a verb nobody registered, and
+        one that fails there, come back named; end lets the session go."""
+        torch = pytest.importorskip("torch")
+        import somatize.torch  # noqa: F401  (registers the verbs here; the host has them)
+
+        session = Broker({"h": place}).session()
+        g = Graph.somatize(nodes.Lin(4, 2).named("lin").at("h"))
+        assert g.forward(Opaque(torch.ones(1, 4)), broker=session).shape == (1, 2)
+        session.control("h", "seed", {"seed": 5})
+        first = session.control("h", "random")
+        session.control("h", "seed", {"seed": 5})
+        assert torch.equal(session.control("h", "random")["torch"], first["torch"])
+        assert session.control("h", "mode", {"train": False}) == ["lin"]
+        with pytest.raises(DeclarationError, match="node 'lin' is not trained where it runs"
+                                                   r".*on host 'h'"):
+            session.control("h", "weights", {"node": "lin"})
+        with pytest.raises(WireError, match="answers no verb 'nope'"):
+            session.control("h", "nope")
+        session.control("h", "end")
+
+    def test_a_verb_to_a_session_the_host_lost_is_state_lost(self, place):
+        pytest.importorskip("torch")
+        import somatize.torch  # noqa: F401
+
+        kept = Broker({"h": place}).session(keeps=True)
+        g = Graph.somatize(nodes.Count().named("c").at("h"))
+        assert g.forward(0, broker=kept) == 1
+        self.restart(place)
+        with pytest.raises(StateLost) as caught:
+            kept.control("h", "random")
+        assert caught.value.host == "h" and caught.value.nodes == ["c"]

@@ -25,6 +25,17 @@ class Lin(Node):
         return list(self.lin.parameters())
 
 
+class Drops(Lin):
+    """A layer with dropout: what it computes depends on its process's random state."""
+
+    def __init__(self, a, b, p=0.3):
+        super().__init__(a, b)
+        self.drop = torch.nn.Dropout(p)
+
+    def forward(self, x, ctx):
+        return Opaque(self.drop(self.lin(x)).relu())
+
+
 class Dies(Lin):
     """A layer whose worker process ends at its ``at``-th forward, mid-step."""
 

@@ -205,3 +205,81 @@ def test_a_flood_of_sessions_that_keep_nothing_never_evicts_a_trainer(worker):
             net(seed=seed).forward(Opaque(data[0][0]), broker={"gpu": small})
         losses += [t.step(b) for b in data[1:]]
     assert losses == lone
+
+
+# -- a session's verbs: what its owner asks besides a step ------------------------------
+def dropping(worker, seed=0):
+    from splitnets import Drops
+
+    torch.manual_seed(seed)
+    g = Graph.somatize(Lin(8, 8).named("encoder") >> Drops(8, 6).named("body").at("gpu")
+                       >> Lin(6, 1, relu=False).named("head"))
+    trains = {"body": Split(torch.optim.SGD, lr=0.1)}
+    return Trainer(g, objective=mse, trains=trains, broker=Broker.embedded({"gpu": worker}),
+                   optimizer=torch.optim.SGD(parameters(g, without=trains), lr=0.1))
+
+
+def spawned(most):
+    argv = [sys.executable, "-m", "somatize.worker", "--listen", "127.0.0.1:0", "--quiet",
+            "--max-sessions", str(most)]
+    return Worker.spawn(argv, mode="network", send=["splitnets"])
+
+
+def test_a_checkpoint_on_a_full_worker_keeps_its_trainer(tmp_path):
+    """--max-sessions 1: the trainer's session is the only one the worker may hold, and
+    a checkpoint's verbs (the trainer's state, the session's random state) open none."""
+    data = batches(4)
+    with spawned(1) as full:
+        never = dropping(full)
+        never.seed(7)
+        plain = never.fit(data, epochs=2).history
+        trained = never.export()
+        never.close()
+        kept = dropping(full)
+        kept.seed(7)
+        checked = kept.fit(data, epochs=2, checkpoint=(tmp_path, "ck"), checkpoint_every=3)
+        assert checked.history == plain and len(plain) == 8
+        assert equal(kept.export(), trained)
+        assert kept.resume(tmp_path, "ck") == 8  # the resume's verbs open none either
+        kept.close()
+
+
+def test_another_clients_seed_and_resume_leave_my_dropout_as_it_was_alone(tmp_path):
+    """A worker's random state is each session's own: the run with dropout there is
+    the run alone, step for step, while another client seeds, resumes and trains on
+    the same worker between my steps (a real worker process)."""
+    data = batches(6)
+    with spawned(8) as shared:
+        alone = dropping(shared)
+        alone.seed(3)
+        lone = [alone.step(b) for b in data]
+        alone.close()
+    with spawned(8) as shared:
+        mine, theirs = dropping(shared), dropping(shared, seed=1)
+        mine.seed(3)
+        theirs.seed(11)
+        theirs.step(data[0])
+        theirs.checkpoint(tmp_path, "theirs")
+        mixed = []
+        for k, b in enumerate(data):
+            mixed.append(mine.step(b))
+            theirs.seed(100 + k)  # each of these moves the other's generators, and never mine
+            theirs.step(b)
+            theirs.resume(tmp_path, "theirs")
+            theirs.step(b)
+    assert mixed == lone
+
+
+def test_a_session_before_its_first_step_is_seeded_where_its_step_will_run(tmp_path):
+    """seed() before any step provisions the trainer's own session, which its steps
+    then run in: the same losses as seeding after a first step would not give."""
+    data = batches(3)
+    with spawned(1) as full:
+        a = dropping(full)
+        a.seed(5)
+        first = [a.step(b) for b in data]
+        a.close()
+        b = dropping(full)
+        b.seed(5)
+        assert [b.step(x) for x in data] == first
+        b.close()

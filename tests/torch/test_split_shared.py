@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 import uuid
+import warnings
 from pathlib import Path
 
 import pytest
@@ -413,3 +414,43 @@ def test_the_example_trains_every_paradigm(mode):
         assert int(out) > 2 * 32 * 48 * 4 and int(back) > 2 * 32 * 48 * 4, done.stdout
     if mode == "splitfed":  # one average, so one model, whichever client holds it
         assert rows[0][5] == rows[1][5], done.stdout
+
+
+# -- a shared trainer's state belongs to the share ----------------------------------------
+def test_a_resume_leaves_a_shared_body_others_train_as_it_is_and_names_them(worker, tmp_path):
+    key = f"resumed-{uuid.uuid4().hex[:8]}"
+    a = Client(worker, key, torch.optim.SGD, seed=1, body_seed=0)
+    b = Client(worker, key, torch.optim.SGD, seed=2, body_seed=0)
+    for k in range(2):
+        a.step(k)
+        b.step(k)
+    a.trainer.checkpoint(tmp_path, "a")
+    a.step(2)
+    b.step(2)
+    before = b.trainer.export()["body"]
+    said = b.trainer.shared_order("body")["you"]
+    with pytest.warns(UserWarning, match=rf"'body'.*shared={key!r}.*other clients' sessions "
+                                         rf"train it there now \({said}\).*left them as they are"):
+        a.trainer.resume(tmp_path, "a")
+    after = b.trainer.export()["body"]
+    assert all(torch.equal(before[k], after[k]) for k in before)  # not rolled back
+    a.step(3)  # and both train on it as before
+    b.step(3)
+    a.trainer.close()
+    b.trainer.close()
+
+
+def test_a_resume_restores_a_shared_body_that_was_let_go(worker, tmp_path):
+    key = f"regained-{uuid.uuid4().hex[:8]}"
+    a = Client(worker, key, torch.optim.Adam, seed=1, body_seed=0)
+    for k in range(2):
+        a.step(k)
+    a.trainer.checkpoint(tmp_path, "a")
+    then = [a.trainer.step(a.data[k]) for k in (2, 3)]
+    a.trainer.close()  # its session let go: nobody trains the body now
+    again = Client(worker, key, torch.optim.Adam, seed=1, body_seed=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nobody else trains it: restored without a word
+        assert again.trainer.resume(tmp_path, "a") == 2
+    assert [again.trainer.step(again.data[k]) for k in (2, 3)] == then
+    again.trainer.close()

@@ -16,7 +16,8 @@ import uuid
 from typing import Any
 
 from .._errors import ProtocolError
-from ..wire.host import Holding, Refused, Sessions, answer, provisioned, refused_catalog
+from ..wire.host import (Holding, Refused, Sessions, answer, control, provisioned,
+                         refused_catalog)
 from ..wire.log import say
 from ..wire.buffers import joined, outgoing
 
@@ -76,6 +77,17 @@ class Host:
             holding = self.holdings.setdefault(session, Holding())
         try:
             reply = answer(self.sessions, head, joined(buffers), holding)
+        except ProtocolError as exc:
+            return "error", {"e": "ProtocolError", "m": str(exc)}, []
+        if reply.said is not None:
+            say.block(f"Ray actor {self.instance[:12]}: {reply.said}", reply.text or "")
+        return reply.kind, reply.header, outgoing(reply.buffers)
+
+    def control(self, head: dict[str, Any], *buffers: Any) -> tuple:
+        """Answers a verb for the session its header names (``wire.host.control``):
+        ``(kind, header, buffers)``, as the socket worker's reply frame would hold them."""
+        try:
+            reply = control(self.sessions, head, joined(buffers))
         except ProtocolError as exc:
             return "error", {"e": "ProtocolError", "m": str(exc)}, []
         if reply.said is not None:

@@ -21,9 +21,10 @@ import ray.exceptions
 
 from .._errors import DeclarationError, WireError
 from .._slices import Outcome
+from .._verbs import END
 from ..wire.buffers import joined, outgoing, size
 from ..wire.transport import (Link, Pending, Place, Request, Tenancy, catalog_refused,
-                              outcome_of, state_lost)
+                              outcome_of, state_lost, verb_answered, verb_request)
 from .actor import Host
 
 __all__ = ["NAMESPACE", "RayWorker"]
@@ -281,6 +282,31 @@ class RayLink(Link):
             sent.error = exc
         finally:
             sent.settled, sent.pieces = True, []
+
+    def control(self, tenancy: Tenancy, verb: str, args: Any = None, *, host: str = "") -> Any:
+        """Asks the actor a verb for the session (``Link.control``): one actor call,
+        after the catalog where the actor lacks it, in the order of the calls before it."""
+        if verb == END:
+            return self.end(tenancy)
+        head, buffers = verb_request(tenancy, verb, args)
+        doing = f"while answering verb {verb!r}"
+        for attempt in (0, 1):
+            with self.lock:
+                actor = self.worker.actor(host)
+                self._provide(host, actor, tenancy)
+                ref = actor.control.remote(head, *outgoing(buffers))
+            kind, said, back = self._call(host, ref, doing)
+            if kind == "need":  # Ray restarted it: a fresh actor holds no session
+                tenancy.declared = None
+                if tenancy.learnt:
+                    raise state_lost(host, self.worker.where(host), tenancy,
+                                     said.get("gone") or "Ray started its actor afresh")
+                if attempt == 0:
+                    continue
+                raise WireError(f"host {host!r}: its Ray actor keeps losing its catalog",
+                                host=host)
+            return verb_answered(host, verb, kind, said, joined(back))
+        raise AssertionError("unreachable")
 
     def _provide(self, host: str, actor: Any, tenancy: Tenancy) -> None:
         """Hands the actor the session's staged catalog, unless it holds it already."""

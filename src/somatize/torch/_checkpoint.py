@@ -14,11 +14,16 @@ hold is the data loader's own state (where a shuffle stands, its workers): ``fit
 skips the steps already taken by position, so a loader has to give the same batches
 in the same order when walked again (a seeded generator of its own).
 
-A trainer on another machine is reached by the channel there is: a message walked
-back to it like a gradient (``STATE``, ``RESTORE``), which it answers with the
-functions here (``ANSWERS``, registered by ``somatize.torch``), so that a technique
-holds no checkpoint code; a host's random state by a one-node graph placed on that
-host (``somatize.torch._random``).
+A trainer on another machine is reached by verbs of its session there (``state``,
+``restore``: ``VERBS``, registered by ``somatize.torch``), answered by the functions
+here, so that a technique holds no checkpoint code; a host's random state is the
+session's own there, read and set by verbs too (``somatize.torch._random``). No verb
+opens a session, so a checkpoint on a full worker keeps the trainers it is of.
+
+A trainer several clients share (``Split(..., shared=key)``) belongs to the share, not
+to any one client's checkpoint: a resume restores it only where it is gone (the worker
+restarted, or let it go), and leaves it as it is, saying so and naming them, while
+other clients' sessions train it.
 """
 
 from __future__ import annotations
@@ -33,22 +38,20 @@ from typing import Any
 import torch
 
 from .._codec import dumps, loads
-from .._engine import Pass
-from .._errors import DeclarationError, NodeError, StateLost, StoreError, whole_number
+from .._errors import DeclarationError, StateLost, StoreError, whole_number
 from .._graph import Graph
 from .._remember import open_store
+from .._slices import runner_of
 from ..store._store import check_name
-from ._random import HERE, check_random, on_host, random_state, seeded, set_random
-from ._weights import checked_node, checked_weights, copy_weights, weights_of
+from ._random import HERE, check_random, random_state, seeded, set_random
+from ._weights import checked_node, checked_weights, copy_weights, trainer_at, weights_of
 
-__all__ = ["ANSWERS", "Keeper", "RESTORE", "Run", "STATE", "answer_restore", "answer_state",
-           "check_learning", "check_optimizer", "copied", "grads_of", "keep", "layout",
-           "learning_state", "load_optimizer", "optimizer_state", "restore_learning", "seed_all",
-           "set_grads", "take_up", "weight_names"]
+__all__ = ["Keeper", "Run", "VERBS", "check_learning", "check_optimizer", "copied",
+           "grads_of", "keep", "layout", "learning_state", "load_optimizer", "optimizer_state",
+           "restore_learning", "restore_verb", "seed_all", "set_grads", "state_verb", "take_up",
+           "weight_names"]
 
 FORMAT = "somatize.checkpoint/1"
-STATE = "__soma_state__"  # walked back to a trainer: answer its node's weights and its state
-RESTORE = "__soma_restore__"  # walked back to a trainer: check (and take) these
 
 
 @dataclass
@@ -176,41 +179,55 @@ def check_learning(learning: Any, state: Any) -> None:
                         layout(built, weight_names(learning.node)), f"the {name}'s")
 
 
-def restore_learning(learning: Any, state: Any) -> None:
+def restore_learning(learning: Any, state: Any, standing_only: bool = False) -> None:
     """Gives ``learning`` back what ``learning_state`` answered, checked first: nothing
-    changes if it is refused."""
+    changes if it is refused. ``standing_only`` leaves its optimizer as it is (a shared
+    one other clients train), taking only where its group stands."""
     check_learning(learning, state)
-    if state["optimizer"] is None:  # built afresh at first use, as it was then
+    if standing_only:
+        learning.stand(state["taken"], state["piece"])
+    elif state["optimizer"] is None:  # built afresh at first use, as it was then
         learning.stand(state["taken"], state["piece"], rebuilt=True)
     else:
         load_optimizer(learning.optimizer, state["optimizer"])
         learning.stand(state["taken"], state["piece"])
 
 
-def answer_state(learning: Any, asked: Any) -> dict[str, Any]:
-    """A trainer's answer to ``STATE``: its node's weights, the gradients of a group
-    still open, and its own state."""
-    node = learning.node
-    taken, _ = learning.standing
-    return {"weights": {k: copied(v) for k, v in weights_of(node).items()},
-            "grads": grads_of(node) if taken else {}, "learning": learning_state(learning)}
+def state_verb(nodes: Mapping[str, Any], asked: Mapping[str, Any]) -> dict[str, Any]:
+    """``state``: a trained node's weights, the gradients of a group still open, and
+    its trainer's own state; a shared trainer's open group is this session's own."""
+    learning = trainer_at(nodes, asked["node"])
+    with learning.answering():
+        node = learning.node
+        taken, _ = learning.standing
+        return {"weights": {k: copied(v) for k, v in weights_of(node).items()},
+                "grads": grads_of(node) if taken else {}, "learning": learning_state(learning),
+                "sharing": learning.group.members_but(learning.label)
+                if learning.group is not None else []}
 
 
-def answer_restore(learning: Any, asked: Mapping[str, Any]) -> bool:
-    """A trainer's answer to ``RESTORE``: its part of a checkpoint checked, and taken
-    unless ``check`` says this is only the check every machine passes before any of
-    them copies."""
-    node = learning.node
-    plan = checked_node(node, asked["node"], asked["weights"])
-    check_learning(learning, asked["learning"])
-    if not asked["check"]:
-        copy_weights([plan])
-        set_grads(node, asked["grads"])
-        restore_learning(learning, asked["learning"])
-    return True
+def restore_verb(nodes: Mapping[str, Any], asked: Mapping[str, Any]) -> dict[str, Any]:
+    """``restore``: a trainer's part of a checkpoint checked, and taken unless ``check``
+    says this is only the check every machine passes before any of them copies.
+
+    A shared trainer that other sessions on its host train (``sharing``, in the answer)
+    belongs to them too: its node and optimizer are left as they are, and only what is
+    this session's own (its open group, where it stands) is taken."""
+    learning = trainer_at(nodes, asked["node"])
+    with learning.answering():
+        node = learning.node
+        others = learning.group.members_but(learning.label) if learning.group is not None else []
+        plan = checked_node(node, asked["node"], asked["weights"])
+        check_learning(learning, asked["learning"])
+        if not asked["check"]:
+            if not others:
+                copy_weights([plan])
+            set_grads(node, asked["grads"])
+            restore_learning(learning, asked["learning"], standing_only=bool(others))
+    return {"sharing": others}
 
 
-ANSWERS = {STATE: answer_state, RESTORE: answer_restore}
+VERBS = {"state": state_verb, "restore": restore_verb}
 
 
 def seed_all(run: Run, seed: int) -> None:
@@ -218,8 +235,30 @@ def seed_all(run: Run, seed: int) -> None:
     (drawn from ``seed`` and the host's name), so that a fresh worker's random state
     is not whatever its process started with."""
     for host in sorted(set(run.graph.hosts().values())):
-        on_host(host, run.broker, {"seed": (seed + zlib.crc32(host.encode())) % 2**63})
+        _asked(run, host, "seed", {"seed": (seed + zlib.crc32(host.encode())) % 2**63})
     seeded(seed)
+
+
+def _session(run: Run) -> Any:
+    """What says the verbs of ``run``'s session on its hosts: the driver of its trained
+    nodes, or else the session its graph runs in on its broker."""
+    if run.driver is not None:
+        return run.driver
+    runner = runner_of(run.broker)
+    data = run.graph.data()
+    opens = getattr(runner, "session_of", None)
+    session = opens(data) if callable(opens) else runner
+    if not callable(getattr(session, "control", None)):
+        raise DeclarationError(f"{type(runner).__qualname__} reaches the graph's hosts and "
+                               "says no verb to them, so their random state cannot be kept "
+                               "or set; train through a Broker or workers=")
+    session.prepare(data)
+    return session
+
+
+def _asked(run: Run, host: str, verb: str, args: Any) -> Any:
+    """What the verb answers in ``run``'s session on ``host``."""
+    return _session(run).control(host, verb, args)
 
 
 # -- what a run is, to be compared ------------------------------------------------------
@@ -286,18 +325,15 @@ def _far(run: Run) -> dict[str, str | None]:
     return {n: hosts.get(n) for n in run.driver.trains}
 
 
-def _message(run: Run, node: str, message: dict[str, Any]) -> Any:
-    driver = run.driver
+def _trainer(run: Run, node: str, verb: str, args: Any) -> Any:
+    """What the trainer of ``node`` answers to ``verb`` where it runs; its refusal names
+    it, its host, and that nothing was taken."""
     try:
-        said = Pass().back(driver.private, [node], {node: message}, [node],
-                           broker=driver.broker)
-    except NodeError as exc:
-        cause = exc.__cause__
-        if not isinstance(cause, (DeclarationError, TypeError)):
-            raise
-        raise DeclarationError(f"{cause} (checked by the trainer of {node!r} on host "
-                               f"{exc.host!r}); nothing was resumed, here or there") from exc
-    return said[node]
+        return run.driver.ask(node, verb, args)
+    except (DeclarationError, TypeError) as exc:
+        host = run.graph.hosts().get(node)
+        raise DeclarationError(f"{exc} (checked by the trainer of {node!r} on host "
+                               f"{host!r}); nothing was resumed, here or there") from exc
 
 
 def _names_of(graph: Graph) -> dict[int, str]:
@@ -308,9 +344,11 @@ def _names_of(graph: Graph) -> dict[int, str]:
 def gather(run: Run) -> dict[str, Any]:
     """Everything a checkpoint holds, as values (no store yet); see the module's docstring."""
     far = _far(run)
-    trainers = {n: _message(run, n, {STATE: True})[STATE] for n in far}
+    trainers = {n: _trainer(run, n, "state", {"node": n}) for n in far}
+    for kept in trainers.values():
+        kept.pop("sharing", None)
     hosts = sorted(set(run.graph.hosts().values()))
-    randoms = {h: on_host(h, run.broker, None) for h in hosts}
+    randoms = {h: _asked(run, h, "random", None) for h in hosts}
     g, frozen = run.graph, run.graph.frozen()
     weights, grads = {}, {}
     for n in g.nodes():
@@ -322,7 +360,7 @@ def gather(run: Run) -> dict[str, Any]:
             weights[n] = {k: copied(v) for k, v in live.items()}
             if run.counters["taken"]:
                 grads[n] = grads_of(node)
-    randoms[HERE] = random_state()  # last, after the messages that cannot use it
+    randoms[HERE] = random_state()
     return {"identity": identity(run), "counters": dict(run.counters), "weights": weights,
             "grads": grads, "optimizer": optimizer_state(run.optimizer),
             "layout": layout(run.optimizer, _names_of(g)), "trainers": trainers,
@@ -497,10 +535,10 @@ def take_up(store: Any, name: str, run: Run) -> dict[str, Any]:
             run.driver.renew()
             _restored(run, parts, far, check=True)
     for h, state in randoms.items():
-        on_host(h, run.broker, {"state": state, "host": h, "check": True})
+        _random_verb(run, h, {"state": state, "host": h, "check": True})
     _restored(run, parts, far, check=False)
     for h, state in randoms.items():
-        on_host(h, run.broker, {"state": state, "host": h, "check": False})
+        _random_verb(run, h, {"state": state, "host": h, "check": False})
     copy_weights(plan)
     for n in g.nodes():
         if n in parts["weights"]:
@@ -510,13 +548,33 @@ def take_up(store: Any, name: str, run: Run) -> dict[str, Any]:
     return counters
 
 
+def _random_verb(run: Run, host: str, args: dict[str, Any]) -> None:
+    """A kept random state checked, or taken, in ``run``'s session on ``host``."""
+    try:
+        _asked(run, host, "set_random", args)
+    except DeclarationError as exc:
+        raise DeclarationError(f"{exc}; nothing was resumed") from exc
+
+
 def _restored(run: Run, parts: dict[str, Any], far: Mapping[str, Any], check: bool) -> None:
     """Hands each trainer its part of the checkpoint where it runs: to check only, or
-    to take."""
+    to take. A shared trainer other clients train is left as it is (``restore_verb``),
+    which is said, naming them, once it is taken."""
     for n in far:
         t = parts["trainers"][n]
-        _message(run, n, {RESTORE: {"node": n, "weights": t["weights"], "grads": t["grads"],
-                                    "learning": t["learning"], "check": check}})
+        said = _trainer(run, n, "restore", {"node": n, "weights": t["weights"],
+                                            "grads": t["grads"], "learning": t["learning"],
+                                            "check": check})
+        others = said.get("sharing") if type(said) is dict else None
+        if others and not check:
+            warnings.warn(
+                f"the trainer of {n!r} on host {run.graph.hosts().get(n)!r} is shared "
+                f"(shared={run.driver.trains[n].shared!r}) and other clients' sessions train "
+                f"it there now ({', '.join(others)}); its weights and optimizer belong to them "
+                "too, so the resume left them as they are and took only this client's own "
+                "part (its open group, where it stands). A shared trainer is restored from a "
+                "checkpoint only where it is gone (the worker restarted, or let it go)",
+                UserWarning, stacklevel=4)
 
 
 def kept_by(checkpoint: Any, every: Any) -> Keeper | None:

@@ -32,11 +32,10 @@ Both ends round the same way whether the node runs here or on a worker, so a run
 and the same run there stay ``==``; against full precision they differ by the rounding,
 which is why it is never on unless asked for.
 
-Anything else a trainer is told travels the same way, as a one-key dict walked back to
-it (export and load, a checkpoint kept or taken up), and is answered by the module
-whose feature it is: each says its handlers, ``somatize.torch`` registers them when it
-is imported (``answers``) — which a worker does before it can rebuild a trainer — and
-a trainer, and so a technique, knows nothing of exports or checkpoints.
+Nothing else travels that way: what a trainer's owner asks of it besides a step
+(export and load, a checkpoint kept or taken up) is a verb of its session on its host
+(``somatize._verbs``), answered by the module whose feature it is, so a trainer, and
+so a technique, knows nothing of exports or checkpoints.
 """
 
 from __future__ import annotations
@@ -54,7 +53,7 @@ from .._errors import DeclarationError, OutOfStep, whole_number
 from .._node import Ctx, Node, Opaque
 from ._tensors import detached, gradients_of, leafed, moved, paired, summed, tensors_in
 
-__all__ = ["Enters", "Learning", "Split", "answers", "carries", "envelope", "gradient",
+__all__ = ["Enters", "Learning", "Split", "carries", "envelope", "gradient",
            "is_envelope", "narrowed", "narrowing", "overflowed", "widened"]
 
 KEY = "__soma_envelope__"
@@ -66,8 +65,6 @@ NARROWED = "__soma_narrowed__"  # a tensor sent in a narrower type, and the type
 _NARROWER = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
              "float16": torch.float16, torch.bfloat16: torch.bfloat16, torch.float16: torch.float16}
 
-# What a trainer is told besides gradients: a reserved key, and who answers it.
-_ANSWERED: dict[str, Callable[[Learning, Any], Any]] = {}
 # What starts the trainer several clients share (``_shared.Shared``), registered by
 # somatize.torch like the answers are: a trainer knows only that it may be shared.
 _STARTS: list[Callable[..., Any]] = []
@@ -77,25 +74,6 @@ def shared_by(start: Callable[..., Any]) -> None:
     """Has ``start(key, learning, node_id, lock)`` make the trainer that clients naming
     ``key`` share on a host, when the first of them arrives (see ``share_on``)."""
     _STARTS[:] = [start]
-
-
-def answers(handlers: Mapping[str, Callable[[Learning, Any], Any]]) -> None:
-    """Has every trainer answer ``{key: asked}``, walked back to it, with ``{key:
-    handler(learning, asked)}``, for each key and handler given. A key is one
-    feature's: another handler for a key already taken is refused, as are an
-    envelope's own keys and any key an activation could have (one not reserved, not
-    ``__soma_...``), and nothing is registered then."""
-    for key, handler in handlers.items():
-        if type(key) is not str or not key.startswith(RESERVED) or key in (KEY, HEALTH):
-            raise DeclarationError(
-                f"{key!r} cannot name a message to a trainer: "
-                + ("an envelope uses it" if key in (KEY, HEALTH) else "an activation could")
-                + f"; name the message with a key of its own that starts with {RESERVED!r}")
-        if _ANSWERED.get(key, handler) is not handler:
-            raise DeclarationError(f"the message {key!r} is answered by "
-                                   f"{_ANSWERED[key].__qualname__} already; give "
-                                   f"{handler.__qualname__} a key of its own")
-    _ANSWERED.update(handlers)
 
 
 def narrowing(compress: Any, of: str = "Learning") -> torch.dtype | None:
@@ -504,21 +482,9 @@ class Learning(Node):
 
     def forward(self, value: Any, ctx: Ctx) -> Any:
         """Behind the node: an ordinary value is the activation to keep (what goes on is
-        detached); an envelope is dL/d(that activation), to learn from; a message (see
-        ``answers``) is answered by its feature's handler."""
+        detached); an envelope is dL/d(that activation), to learn from."""
         if carries(value):
             return self._learn_from(value, ctx)
-        if type(value) is dict and len(value) == 1:  # a message is one reserved key
-            (key, asked), = value.items()
-            handler = _ANSWERED.get(key)
-            if handler is not None:
-                with self._own_gradients():
-                    return {key: handler(self, asked)}
-            if type(key) is str and key.startswith(RESERVED):  # kept, it would answer nonsense
-                raise DeclarationError(
-                    f"the message {key!r} reached the trainer of a {type(self._node).__qualname__}"
-                    " and nothing in this process answers it; import the module whose message "
-                    "it is (somatize.torch registers its own) before the trainer is asked")
         self._held = value
         if self._owed:
             self._owed[-1][1] = value
@@ -572,6 +538,11 @@ class Learning(Node):
         if health:
             said[HEALTH] = health
         return said
+
+    def answering(self) -> Any:
+        """Its own open group of gradients on its node while a verb reads or restores
+        them (a shared trainer's; one that shares nothing has no other's to keep off)."""
+        return self._own_gradients()
 
     @contextlib.contextmanager
     def _own_gradients(self):

@@ -1,10 +1,12 @@
-"""The random state of a process, and of each process a graph runs on.
+"""The random state of a process, and of each session a graph runs in on a host.
 
 What ``random_state`` takes is every generator a training step may draw from without
 being handed one: torch's CPU generator, each CUDA device's (only once CUDA is in use,
 so that asking never starts it), Python's ``random``, and numpy's global generator
-where numpy is loaded. A host is reached by a one-node graph placed on it, the same
-channel its slices come by, so any broker reaches it.
+where numpy is loaded. A host keeps one such state per session and swaps it in around
+the session's slices (``wire.host.Resident``, which ``draws`` is what it reads and sets
+them with); a session's owner reads, sets or seeds it there by a verb of the session
+(``VERBS``), so nobody else's is touched and no session is opened for it.
 """
 
 from __future__ import annotations
@@ -17,13 +19,10 @@ from typing import Any
 
 import torch
 
-from .._engine import execute
-from .._errors import DeclarationError, NodeError
-from .._graph import Graph
-from .._node import Node
+from .._errors import DeclarationError
 
-__all__ = ["HERE", "RandomState", "check_random", "on_host", "random_state", "seeded",
-           "set_random", "where"]
+__all__ = ["HERE", "VERBS", "check_random", "put", "random_state", "seed_verb", "seeded",
+           "set_random", "set_random_verb", "state_verb", "taken", "where"]
 
 HERE = ""  # the host key of this process's random state
 
@@ -85,32 +84,47 @@ def where(host: str) -> str:
     return "here" if host == HERE else f"on host {host!r}"
 
 
-class RandomState(Node):
-    """Stands on a host to answer that process's random state, or to check and set it."""
-
-    def forward(self, value: Any, ctx: Any) -> Any:
-        if value is None:
-            return random_state()
-        if "seed" in value:
-            seeded(value["seed"])
-            return True
-        check_random(value["state"], value["host"])
-        if not value["check"]:
-            set_random(value["state"])
-        return True
+# -- a session's random state on its host, by verb (run within that state) -------------
+def state_verb(nodes: Mapping[str, Any], asked: Any) -> dict[str, Any]:
+    """``random``: the session's random state."""
+    return random_state()
 
 
-_GRAPHS: dict[str, Graph] = {}  # one per host, so a worker is told about it once
+def set_random_verb(nodes: Mapping[str, Any], asked: Mapping[str, Any]) -> bool:
+    """``set_random``: a kept random state checked, and taken unless ``check`` says this
+    is only the check every machine passes before any of them takes its own."""
+    check_random(asked["state"], asked["host"])
+    if not asked["check"]:
+        set_random(asked["state"])
+    return True
 
 
-def on_host(host: str, broker: Any, message: Any) -> Any:
-    """What ``RandomState`` answers ``message`` (None: asked for the state) on ``host``."""
-    graph = _GRAPHS.get(host)
-    if graph is None:
-        graph = _GRAPHS[host] = Graph.somatize(RandomState().named("random").at(host))
-    try:
-        return execute(graph, message, broker=broker)
-    except NodeError as exc:
-        if isinstance(exc.__cause__, DeclarationError):
-            raise DeclarationError(f"{exc.__cause__}; nothing was resumed") from exc
-        raise
+def seed_verb(nodes: Mapping[str, Any], asked: Mapping[str, Any]) -> bool:
+    """``seed``: the session's random state seeded."""
+    seeded(asked["seed"])
+    return True
+
+
+VERBS = {"random": state_verb, "set_random": set_random_verb, "seed": seed_verb}
+
+
+# -- what a host swaps around a session's slices (registered by somatize.torch) ---------
+def taken() -> tuple[Any, ...]:
+    """The process's random state as it is, uncopied into plain data: what a host holds
+    for a session between its slices (cheaper than ``random_state``, which a store keeps)."""
+    cuda = (torch.cuda.get_rng_state_all()
+            if torch.cuda.is_available() and torch.cuda.is_initialized() else None)
+    numpy = sys.modules.get("numpy")
+    return (torch.get_rng_state(), cuda, random.getstate(),
+            numpy.random.get_state() if numpy is not None else None)
+
+
+def put(state: tuple[Any, ...]) -> None:
+    """Sets what ``taken`` answered."""
+    generator, cuda, python, numpy_state = state
+    torch.set_rng_state(generator)
+    if cuda is not None:
+        torch.cuda.set_rng_state_all(cuda)
+    random.setstate(python)
+    if numpy_state is not None:
+        sys.modules["numpy"].random.set_state(numpy_state)

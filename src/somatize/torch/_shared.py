@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import collections
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -37,10 +38,10 @@ import torch
 from .._errors import DeclarationError
 from .._keys import Unwritable, hexdigest_of
 from .._node import made_with
+from ._weights import trainer_at
 
-__all__ = ["ANSWERS", "ORDER", "PATIENCE", "Shared", "Turn", "answer_order"]
+__all__ = ["PATIENCE", "VERBS", "Shared", "Turn", "order_verb"]
 
-ORDER = "__soma_shared_order__"  # asked of a trainer: the order its shared trainer took
 PATIENCE = 30.0  # seconds a new step waits for other clients' steps in flight
 LOGGED = 1 << 16  # events of the order kept; older ones are counted, not kept
 
@@ -102,6 +103,10 @@ class Shared:
         if self.members.pop(label, None) is not None:
             self.drain()
             self.lock.notify_all()
+
+    def members_but(self, label: str) -> list[str]:
+        """The sessions training it besides ``label``'s, by their labels: whose it is too."""
+        return sorted(other for other in self.members if other != label)
 
     def idle_for(self, now: float) -> float | None:
         """How long nobody has trained it; None while some session holds it."""
@@ -213,11 +218,12 @@ class Turn:
         return getattr(self._shared.optimizer(), name)
 
 
-def answer_order(learning: Any, asked: Any) -> dict[str, Any]:
-    """A trainer's answer to ``ORDER``: what its shared trainer did, in the order it
-    did it, as ``[client, event]`` pairs (``forward``, ``gradient``, ``update``, or
+def order_verb(nodes: Mapping[str, Any], asked: Mapping[str, Any]) -> dict[str, Any]:
+    """``shared_order``: what the shared trainer of a node did, in the order it did
+    it, as ``[client, event]`` pairs (``forward``, ``gradient``, ``update``, or
     ``dropped``), with which client the asking one is; events past the last
     ``LOGGED`` are counted in ``logged``, not kept."""
+    learning = trainer_at(nodes, asked["node"])
     group = learning.group
     if group is None:
         raise DeclarationError("this trainer is not shared (Split(..., shared=key) shares one), "
@@ -226,7 +232,7 @@ def answer_order(learning: Any, asked: Any) -> dict[str, Any]:
             "order": [list(event) for event in group.order]}
 
 
-ANSWERS = {ORDER: answer_order}
+VERBS = {"shared_order": order_verb}
 
 
 def _shapes(parameters: list[Any]) -> tuple[tuple[tuple[int, ...], str], ...]:

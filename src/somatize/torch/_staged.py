@@ -29,17 +29,17 @@ from typing import Any
 import torch
 
 from .._engine import Pass, Walk, compiled
-from .._errors import CacheError, DeclarationError, NodeError
+from .._errors import CacheError, DeclarationError
 from .._graph import DECLARATIONS, Graph, GraphData, assembled, generated
 from .._node import Opaque
 from .._plan import stages
 from .._slices import runner_of, finish
 from .._transpose import Back, backward
+from .._verbs import VERBS
 from ._audit import Audit
 from ._checks import outside_somatize
 from ._learning import HEALTH, Learning, envelope, gradient, narrowed, overflowed, widened
 from ._tensors import device_of, gradients_of, leafed, paired, summed
-from ._weights import ASKING, LOADING
 
 __all__ = ["StagedDriver", "rewired"]
 
@@ -373,30 +373,40 @@ class StagedDriver:
                          self.broker)
 
     def weights(self, node: str) -> dict[str, Any]:
-        """The weights of a trained node as they are where it runs: asked of its
-        trainer, walked back like a gradient, since that is the channel there is."""
-        return self.ask(node, ASKING, True)
+        """The weights of a trained node as they are where it runs, asked of its trainer."""
+        return self.ask(node, "weights", {"node": node})
 
-    def ask(self, node: str, key: str, asked: Any) -> Any:
-        """What the trainer of ``node`` answers to the message ``{key: asked}`` where
-        it runs (see ``_learning.answers``)."""
-        answer = Pass().back(self.private, [node], {node: {key: asked}}, [node],
-                             broker=self.broker)
-        return answer[node][key]
+    def ask(self, node: str, verb: str, args: Any) -> Any:
+        """What the trainer of ``node`` answers to ``verb`` where it runs: a verb of this
+        driver's session on its host (``_verbs``), or the same handler here."""
+        host = self.private.hosts().get(node)
+        if host is None:
+            return VERBS[verb](self.private.data().impls, args)
+        return self.control(host, verb, args)
+
+    def control(self, host: str, verb: str, args: Any) -> Any:
+        """Asks this driver's session on ``host`` a verb, its catalog staged first, so a
+        verb before the first step provisions this session and no other."""
+        session = self.broker
+        if not callable(getattr(session, "control", None)):
+            raise DeclarationError(f"{type(session).__qualname__} reaches host {host!r} and "
+                                   "says no verb to it; train through a Broker or workers=")
+        session.prepare(self.private.data())
+        return session.control(host, verb, args)
 
     def load(self, node: str, weights: Any, *, check_only: bool) -> None:
         """Hands a trained node's weights to its trainer where it runs, the way
         ``weights`` asks for them. ``check_only`` has the trainer check every key, shape
         and dtype and copy nothing, so that a load across machines can be all or nothing."""
-        asked = {LOADING: {"node": node, "weights": dict(weights), "check": check_only}}
+        asked = {"node": node, "weights": dict(weights), "check": check_only}
         try:
-            Pass().back(self.private, [node], {node: asked}, [node], broker=self.broker)
-        except NodeError as exc:
-            cause = exc.__cause__
-            if not isinstance(cause, (DeclarationError, TypeError)):
+            self.ask(node, "load", asked)
+        except (DeclarationError, TypeError) as exc:
+            host = self.private.hosts().get(node)
+            if host is None:
                 raise
             raise DeclarationError(
-                f"{cause} (checked by the trainer of {node!r} on host {exc.host!r}); nothing "
+                f"{exc} (checked by the trainer of {node!r} on host {host!r}); nothing "
                 "was loaded, here or there") from exc
 
     def pipelines(self, pieces: int) -> bool:

@@ -51,7 +51,6 @@ from ._checks import (
 from ._checkpoint import Run, keep, kept_by, seed_all, take_up
 from ._pipeline import pipelined, worthwhile
 from ._privacy import privacy_for
-from ._shared import ORDER
 from ._staged import StagedDriver
 from ._tensors import tensors_in
 from ._weights import (
@@ -489,7 +488,7 @@ class Trainer:
             raise DeclarationError(
                 f"node {node!r} is not trained on a worker by this Trainer (trained there: "
                 f"{sorted(far) or 'none'}); only a trainer on a worker can be shared")
-        return self._staged.ask(node, ORDER, True)
+        return self._staged.ask(node, "shared_order", {"node": node})
 
     def _trained_far(self) -> dict[str, str]:
         """The nodes trained on a worker, and their hosts: their weights live there."""

@@ -7,8 +7,8 @@ a last resort its parameters by position (``parameters.0``). Freezing reaches bo
 a node whose ``.parameters()`` leaves something out is still settled whole.
 
 A node trained where it runs is asked for its weights, or handed some, through its
-trainer: the two messages here (``ASKING``, ``LOADING``) are walked back to it like a
-gradient, and ``ANSWERS`` is what it answers, registered by ``somatize.torch``.
+trainer: two verbs of its session there (``VERBS``: ``weights`` and ``load``, registered
+by ``somatize.torch``), answered with what the trainer holds.
 """
 
 from __future__ import annotations
@@ -25,14 +25,12 @@ from .._node import MADE_WITH
 from ._module import Module
 
 __all__ = [
-    "ANSWERS", "ASKING", "LOADING", "answer_load", "answer_weights", "checked_node",
-    "checked_weights", "copy_weights", "freeze", "has_parameters", "held", "modules_of",
-    "parameters", "snapshot", "weights_digest", "weights_of",
+    "VERBS", "checked_node", "checked_weights", "copy_weights", "freeze", "has_parameters",
+    "held", "load_verb", "mode_verb", "modules_of", "parameters", "snapshot", "trainer_at",
+    "weights_digest", "weights_of", "weights_verb",
 ]
 
 Weights = dict[str, dict[str, Any]]
-ASKING = "__soma_weights__"  # walked back to a trainer: answer the node's weights
-LOADING = "__soma_load__"  # walked back to a trainer: check (and copy) these weights
 
 
 def parameters(graph: Any, without: Container[str] = ()) -> list[torch.nn.Parameter]:
@@ -288,22 +286,54 @@ def _fits(node_id: str, key: str, mine: Any, theirs: Any) -> None:
         )
 
 
-# -- what a trainer answers, where it runs -------------------------------------------------
-def answer_weights(learning: Any, asked: Any) -> dict[str, Any]:
-    """A trainer's answer to ``ASKING``: its node's weights, copied, so that training
-    on changes nothing that was handed out."""
+# -- what a session's trainers answer, where they run (its verbs) -----------------------
+def trainer_at(nodes: Mapping[str, Any], node: Any) -> Any:
+    """The trainer standing under ``node``'s id among a session's nodes, or the
+    DeclarationError naming what stands there instead."""
+    found = nodes.get(node) if type(node) is str else None
+    if found is None or not callable(getattr(found, "answering", None)):
+        what = "nothing" if found is None else f"a {type(found).__qualname__}"
+        raise DeclarationError(f"node {node!r} is not trained where it runs ({what} stands "
+                               "there); only a trainer's node is asked this way")
+    return found
+
+
+def weights_verb(nodes: Mapping[str, Any], asked: Mapping[str, Any]) -> dict[str, Any]:
+    """``weights``: a trained node's weights, copied, so that training on changes
+    nothing that was handed out."""
+    learning = trainer_at(nodes, asked["node"])
     return {k: v.detach().clone() if isinstance(v, torch.Tensor) else v
             for k, v in weights_of(learning.node).items()}
 
 
-def answer_load(learning: Any, asked: Mapping[str, Any]) -> bool:
-    """A trainer's answer to ``LOADING``: the weights given checked against its node,
-    and copied in unless ``check`` says this is only the check every machine passes
-    before any of them copies."""
+def load_verb(nodes: Mapping[str, Any], asked: Mapping[str, Any]) -> bool:
+    """``load``: the weights given checked against a trained node, and copied in
+    unless ``check`` says this is only the check every machine passes before any of
+    them copies."""
+    learning = trainer_at(nodes, asked["node"])
     plan = checked_node(learning.node, asked["node"], asked["weights"])
     if not asked["check"]:
         copy_weights([plan])
     return True
 
 
-ANSWERS = {ASKING: answer_weights, LOADING: answer_load}
+def mode_verb(nodes: Mapping[str, Any], asked: Mapping[str, Any]) -> list[str]:
+    """``mode``: the modules of the session's nodes (``asked["nodes"]``, or all) put in
+    training (``asked["train"]``) or eval mode; a frozen node stays in eval mode, as
+    ``freeze`` left it. Answers the nodes that hold a module."""
+    train, wanted = bool(asked["train"]), asked.get("nodes")
+    frozen = asked.get("frozen") or ()
+    moved = []
+    for node_id, impl in nodes.items():
+        if wanted is not None and node_id not in wanted:
+            continue
+        target = getattr(impl, "node", None) if callable(getattr(impl, "answering", None)) else impl
+        modules = modules_of(target) if target is not None else []
+        for module in modules:
+            module.train(train and node_id not in frozen)
+        if modules:
+            moved.append(node_id)
+    return moved
+
+
+VERBS = {"weights": weights_verb, "load": load_verb, "mode": mode_verb}

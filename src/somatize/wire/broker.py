@@ -160,6 +160,11 @@ class Broker(Runner):
         self._last = (weakref.ref(data), found)  # weakly, like every graph it keeps a session of
         return found
 
+    def session_of(self, data: Any) -> Session:
+        """The session a graph of this data form runs in when no owner opened one (a
+        Trainer that trains nothing where it runs): the one its verbs go to."""
+        return self._of(data)
+
     def prepare(self, data: Any) -> None:
         """Stages the whole graph's catalog on every wire it uses, in the graph's own
         session: nothing is sent until a slice goes there, and then only if the
@@ -243,6 +248,17 @@ class Session(Runner):
             return super().submit(piece)
         worker, request = self._request(piece)
         return link.submit(request)
+
+    def control(self, host: str, verb: str, args: Any = None) -> Any:
+        """Asks the worker of ``host`` a verb for this session (``Link.control``): what
+        a trainer there holds, the session's random state there. Its catalog is staged
+        first where the graph is known (``prepare``), so a verb that comes before any
+        slice provisions this session itself, and never opens another."""
+        worker, tenancy = self._place(host)
+        if self._closed and tenancy.learnt:
+            raise state_lost(host, worker.where(host), tenancy,
+                             "its owner closed it (Trainer.close())")
+        return worker.control(tenancy, verb, args, host=host)
 
     def close(self) -> None:
         """Tells every worker this session ran on to let go of it now. What it learnt

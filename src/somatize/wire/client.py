@@ -22,9 +22,10 @@ from typing import Any
 from .._errors import ProtocolError, Silent, Unauthorised, WireError
 from .._slices import Outcome
 from .channel import Channel, Closed
+from .._verbs import END
 from .protocol import HANDSHAKE, VERSION, Keyed, connection_key, derive_key, new_nonce, proof
 from .transport import (FORMS, Link, Pending, Request, Tenancy, catalog_refused, outcome_of,
-                        state_lost)
+                        state_lost, verb_answered, verb_request)
 
 __all__ = ["SocketLink", "SocketPending"]
 
@@ -215,6 +216,37 @@ class SocketLink(Link):
         return outcome_of(host, nodes, reply.kind, reply.header, reply.buffers, sent=sent,
                           took_sent=took_sent, size=reply.size, took_us=reply.took_us,
                           watching=watching)
+
+    # -- a verb ---------------------------------------------------------------------
+    def control(self, tenancy: Tenancy, verb: str, args: Any = None, *, host: str = "") -> Any:
+        """Asks the worker a verb for the session (``Link.control``) in one round trip,
+        after the answers still owed on the connection, in a sealed frame."""
+        if verb == END:
+            return self.end(tenancy)
+        head, buffers = verb_request(tenancy, verb, args)
+        doing = f"while answering verb {verb!r}"
+        with self.lock:
+            for attempt in (0, 1):
+                self._open(host)
+                self._settle_all()  # the connection answers in order: what is out first
+                if not tenancy.declared_in(self.instance):
+                    self._declare(host, tenancy)
+                self._request(host, "control", head, buffers, sealed=True)
+                reply = self._answer(host, doing)
+                if reply.kind == "need":  # the worker holds the session no more
+                    tenancy.declared = None
+                    if tenancy.learnt:
+                        raise state_lost(host, self.worker.where(host), tenancy,
+                                         reply.header.get("gone")
+                                         or "the worker let go of its session")
+                    if attempt == 0:
+                        continue
+                    raise WireError(f"host {host!r}: the worker keeps letting go of this "
+                                    "client's session", host=host)
+                if reply.kind not in ("done", "error"):
+                    self._drop()
+                return verb_answered(host, verb, reply.kind, reply.header, reply.buffers)
+        raise AssertionError("unreachable")
 
     # -- the catalog ----------------------------------------------------------------
     def _declare(self, host: str, tenancy: Tenancy) -> None:

@@ -19,8 +19,8 @@ from typing import Any, Protocol
 from .._errors import ProtocolError
 from .._graph import user_ids
 from .channel import Channel, Closed
-from .host import (Holding, Refused, Sessions, SliceForm, answer, failed, provisioned,
-                   refused_catalog, short, slice_form)
+from .host import (Holding, Refused, Sessions, SliceForm, answer, control, failed,
+                   provisioned, refused_catalog, short, slice_form)
 from .log import quoted, say
 from .transport import FORMS
 from .protocol import (
@@ -222,7 +222,7 @@ class Connection:
     def _serve(self) -> None:
         handlers: dict[str, Callable[[Any], None]] = {
             "catalog": self._on_catalog, "provision": self._on_provision, "slice": self._on_slice,
-            "end": self._on_end,
+            "control": self._on_control, "end": self._on_end,
         }
         while True:
             frame = self.channel.recv(patient=True)
@@ -282,6 +282,22 @@ class Connection:
                     short(head["c"]), session.hex()[:12], len(frame.buffers[0]),
                     (time.perf_counter() - began) * 1e3)
         self.channel.send("ok")
+
+    def _on_control(self, frame: Any) -> None:
+        """A verb for a session (``host.control``): its buffers sealed, as a catalog's
+        are, since what it carries is taken into a trainer whole (weights, optimizer
+        state); its header is MACed as every frame's is."""
+        if self.server.token is not None and frame.buffers and not frame.sealed:
+            raise ProtocolError("a control frame whose buffers are not sealed on an "
+                                "authenticated connection")
+        self.busy_since = time.monotonic()
+        try:
+            reply = control(self.server.sessions, frame.header, frame.buffers)
+        finally:
+            self.busy_since = None
+        if reply.said is not None:
+            say.block(f"{self.name}: {reply.said}", reply.text)
+        self._reply(reply, [frame.header.get("c")])
 
     def _on_end(self, frame: Any) -> None:
         self.server.sessions.end(_session_of(frame))

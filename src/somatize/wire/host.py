@@ -6,7 +6,8 @@ as the request header the client wrote (``n`` nodes, ``w`` wanted, ``f`` forward
 back) and its buffers, and leaves as an :class:`Answer`, a reply's kind, header and
 buffers, which the transport sends as they are. The socket worker
 (``connection.py``) and the Ray actor (``somatize.ray``) both call :func:`answer`,
-so a slice runs one way whichever way it came.
+so a slice runs one way whichever way it came; and :func:`control` for a verb of a
+session (``somatize._verbs``), what its owner asks besides a slice.
 """
 
 from __future__ import annotations
@@ -22,14 +23,17 @@ from typing import Any, Callable, NamedTuple
 
 from .._engine import run_slice
 from .._errors import NodeError, ProtocolError, SomaError
+from .._verbs import END, SEEDING, VERBS
 from .._graph import made_from, user_ids
 from .._node import Opaque, afterwards_held_here
 from .._slices import Shape, Slice
 from .catalog import build, catalog_id, pack_values, unpack_values
 from .log import say
+from .resident import Resident, Turns
 
-__all__ = ["Answer", "Holding", "Refused", "Sessions", "Sharing", "SliceForm", "Tenant",
-           "answer", "provisioned", "refused_catalog", "short", "slice_form"]
+__all__ = ["Answer", "Holding", "Refused", "Sessions", "Sharing", "SliceForm",
+           "Tenant", "answer", "control", "provisioned", "refused_catalog", "short",
+           "slice_form"]
 
 # The engine's own bracket of a walk; the client brackets the forward itself.
 _BRACKET = frozenset(("began", "finished"))
@@ -73,8 +77,8 @@ class Tenant:
     owner said it keeps state here, whether a slice has run in it since, and the nodes
     of it that share something with other sessions (``Sharing``)."""
 
-    __slots__ = ("catalog", "failed", "graph", "keeps", "left", "live", "lock", "shapes",
-                 "shares", "turn", "used")
+    __slots__ = ("catalog", "failed", "graph", "keeps", "left", "live", "lock", "owns",
+                 "random", "shapes", "shares", "turn", "used")
 
     def __init__(self, catalog: str, graph: Any, keeps: bool, shares: tuple = (),
                  sharing: Sharing | None = None):
@@ -92,6 +96,10 @@ class Tenant:
         # The slices its forms make in its catalog (SliceForm.shape): kept with the
         # session, so that what it held goes when it goes, whoever's connection asked.
         self.shapes: dict[tuple, Shape] = {}
+        # Whether its owner gave it a random state of its own (``Resident``), and that
+        # state while another is in the process's generators.
+        self.owns = False
+        self.random: Any = None
 
 
 class Sharing:
@@ -109,9 +117,9 @@ class Sharing:
     takes it: the slices of unrelated sessions run side by side.
     """
 
-    def __init__(self, patience: float = 30.0) -> None:
+    def __init__(self, patience: float = 30.0, resident: Resident | None = None) -> None:
         self.table: dict[str, Any] = {}
-        self.lock = threading.Condition()
+        self.lock = Turns(resident or Resident())
         self.patience = patience  # how long a slice waits for other sessions' (seconds)
 
     def joined(self, graph: Any, session: bytes) -> tuple[Any, tuple]:
@@ -191,7 +199,8 @@ class Sessions:
         self._held: collections.OrderedDict[bytes, Tenant] = collections.OrderedDict()
         self._gone: collections.OrderedDict[bytes, str] = collections.OrderedDict()
         self._lock = threading.Lock()
-        self.sharing = Sharing(patience)
+        self.resident = Resident()  # whose random state the process's generators hold
+        self.sharing = Sharing(patience, self.resident)
         self._leaving: list[tuple] = []  # what sessions forgotten under the lock shared
         # Every slice looks its session up, and a look at every session held for one
         # idle past the lease is a walk over all of them: it is taken at most every
@@ -261,7 +270,9 @@ class Sessions:
                     except Refused:
                         self._leaving.append(shares)
                         raise
-                self._held[session] = Tenant(ident, graph, keeps, shares, self.sharing)
+                fresh = self._held[session] = Tenant(ident, graph, keeps, shares, self.sharing)
+                if tenant is not None and tenant.owns and tenant.random is not None:
+                    fresh.owns, fresh.random = True, tenant.random  # the session's, not the catalog's
                 self._held.move_to_end(session)
                 self._gone.pop(session, None)
                 count = len(self._held)
@@ -405,7 +416,7 @@ def slice_form(head: Any) -> SliceForm:
 
 
 def answer(sessions: Sessions, head: Any, buffers: list[Any], holding: Holding,
-           form: SliceForm | None = None, defers: bool = False) -> Answer:
+           form: SliceForm | None = None, defers: bool = False, stays: bool = True) -> Answer:
     """Runs the slice a request header describes, here, against the catalog of the
     session it names (``s``): ``"need"`` when this host holds no such session, with
     why it is gone (``gone``) where it once held it. ``form`` is what the header would
@@ -414,6 +425,8 @@ def answer(sessions: Sessions, head: Any, buffers: list[Any], holding: Holding,
     A transport that ``defers`` promises to call the answer's ``settle`` once its reply
     has gone: the work the slice's nodes left for afterwards (``Ctx.afterwards``) waits
     until then. Otherwise that work runs inside the slice, as the nodes ask for it.
+    The slice draws from its session's random state (``Resident``); ``stays=False``
+    puts the process's own back after it (a host in the client's own process).
 
     A request that is not a slice of ours raises ProtocolError (the transport drops
     whoever sent it); anything the slice itself raises is answered as an error."""
@@ -449,7 +462,8 @@ def answer(sessions: Sessions, head: Any, buffers: list[Any], holding: Holding,
                 f"the output of node {ref!r} is no longer here: the worker kept it for one "
                 "forward, and it restarted or another forward began since")}, [])
         given[ref] = holding.held[ref] if transposed else Opaque(holding.held[ref])
-    with tenant.turn:  # its slices one at a time, and what it shares one slice at a time
+    # its slices one at a time, what it shares one slice at a time, its own random state
+    with tenant.turn, sessions.resident.within(tenant, stays):
         if tenant.left:  # what the last answer left, if nobody ran it yet
             _settled(tenant)
         if tenant.failed is not None:  # said once, in place of this slice
@@ -467,7 +481,7 @@ def answer(sessions: Sessions, head: Any, buffers: list[Any], holding: Holding,
         tenant.left = left.copy()
         left.clear()
     return Answer(reply.kind, reply.header, reply.buffers, reply.said, reply.text,
-                  functools.partial(settle, tenant))
+                  functools.partial(settle, tenant, sessions.resident))
 
 
 class _Both:
@@ -487,11 +501,61 @@ class _Both:
         self.first.release()
 
 
-def settle(tenant: Tenant) -> None:
+def settle(tenant: Tenant, resident: Resident) -> None:
     """Runs, in the session's turn, the work its last answer left (unless a slice of it
     came first and ran it): a transport calls this once that answer has gone."""
-    with tenant.turn:
+    with tenant.turn, resident.within(tenant):
         _settled(tenant)
+
+
+def control(sessions: Sessions, head: Any, buffers: list[Any], stays: bool = True) -> Answer:
+    """Answers a verb for the session a request header names (``s``): ``c`` the verb,
+    ``v`` its arguments as packed values. ``"need"`` (with why it is gone, where it
+    was held) when this host holds no such session: a verb never opens a session, nor
+    lets one go to make room. ``end`` lets the session go; any other verb is answered
+    by its handler (``_verbs.VERBS``) with the session's nodes, in the session's turn
+    and within its random state, as its slices run (``stays`` as in ``answer``).
+
+    A request that is not a verb of ours raises ProtocolError; whatever the handler
+    raises is answered as an error, with its traceback."""
+    session, name = head.get("s") if type(head) is dict else None, head.get("c")
+    if type(session) is not bytes or type(name) is not str:
+        raise ProtocolError("a control frame without its session or its verb")
+    if name == END:
+        return Answer("done", {"v": pack_values({"a": sessions.end(session)}, [])[0]}, [])
+    tenant, gone = sessions.lookup(session)
+    if tenant is None:
+        return Answer("need", {"gone": gone} if gone else {}, [])
+    handler = VERBS.get(name)
+    if handler is None:
+        return failed(NameError(
+            f"this host answers no verb {name!r} (it answers {sorted(VERBS) + [END]}); the "
+            "module that registers it is not imported here: import it on the worker "
+            "(somatize.torch registers its own)"), [])
+    try:
+        args = unpack_values(head.get("v", {}), buffers)
+        args = args.get("a") if type(args) is dict else None
+    except SomaError as exc:
+        return failed(exc, [])
+    seeds = name in SEEDING
+    with tenant.turn, sessions.resident.within(tenant, stays, alone=seeds):
+        if tenant.left:  # what the last slice left runs before anything reads its state
+            _settled(tenant)
+        try:
+            said = handler(tenant.graph.impls, args)
+        except Exception as exc:  # the one boundary where a verb's failure is translated
+            return failed(exc, [], f"verb {name!r} failed: {exc}")
+        if seeds:  # what it set is the session's own from now on
+            sessions.resident.owned(tenant)
+        back: list[Any] = []
+        try:
+            trees, refused = pack_values({"a": said}, back)
+        except Exception as exc:
+            return failed(exc, [], f"verb {name!r}: its answer could not be packed: {exc}")
+    if refused:
+        return failed(ProtocolError(f"verb {name!r} answered what cannot travel: "
+                                    f"{refused['a']}"), [])
+    return Answer("done", {"v": trees}, back)
 
 
 def _settled(tenant: Tenant) -> None:

@@ -23,9 +23,10 @@ from .._errors import DeclarationError, ProtocolError, WireError
 from .._slices import Outcome
 from .buffers import joined, outgoing, size
 from .declare import provides
-from .host import Holding, Refused, Sessions, answer, provisioned, refused_catalog
+from .._verbs import END
+from .host import Holding, Refused, Sessions, answer, control, provisioned, refused_catalog
 from .transport import (Link, Pending, Place, Request, Tenancy, catalog_refused, outcome_of,
-                        state_lost)
+                        state_lost, verb_answered, verb_request)
 
 __all__ = ["InProcess", "InProcessLink"]
 
@@ -108,15 +109,40 @@ class InProcessLink(Link):
                               watching=request.watching)
         raise AssertionError("unreachable")
 
+    def control(self, tenancy: Tenancy, verb: str, args: Any = None, *, host: str = "") -> Any:
+        """Asks the host a verb for the session (``Link.control``), through the same
+        pickle round trip and the same host code as a slice."""
+        if verb == END:
+            return self.end(tenancy)
+        for attempt in (0, 1):
+            self._provide(host, tenancy)
+            head, buffers = _carried(*verb_request(tenancy, verb, args))
+            kind, head, back = self._answered(host, [verb], head, buffers, tenancy, verb=True)
+            if kind == "need":  # the host holds the session no more
+                tenancy.declared = None
+                if tenancy.learnt:
+                    raise state_lost(host, self.place.where(host), tenancy,
+                                     head.get("gone") or "the host was started afresh")
+                if attempt == 0:
+                    continue
+                raise WireError(f"host {host!r}: the host keeps letting go of this session",
+                                host=host)
+            return verb_answered(host, verb, kind, head, back)
+        raise AssertionError("unreachable")
+
     def _answered(self, host: str, nodes: list[str], head: dict, buffers: list,
-                  tenancy: Tenancy) -> tuple:
-        """The host's answer as it would arrive: kind, header and buffers, carried back."""
+                  tenancy: Tenancy, verb: bool = False) -> tuple:
+        """The host's answer as it would arrive: kind, header and buffers, carried back.
+        The process's own random state is put back after it: the client draws from it."""
         lock, holding = self._lane(tenancy)
 
         def serve() -> tuple:
             with lock:
                 try:
-                    reply = answer(self.sessions, head, buffers, holding)
+                    if verb:
+                        reply = control(self.sessions, head, buffers, stays=False)
+                    else:
+                        reply = answer(self.sessions, head, buffers, holding, stays=False)
                 except ProtocolError as exc:
                     return "error", {"e": "ProtocolError", "m": str(exc)}, []
             carried, back = _carried({"k": reply.kind, "h": reply.header}, reply.buffers)

@@ -89,7 +89,7 @@ _INT = frozenset({int})
 #: Every kind a frame may have; anything else is not one of ours.
 FRAME_KINDS = frozenset({
     "hello", "challenge", "proof", "welcome", "refused",        # the handshake
-    "catalog", "provision", "slice", "end",                     # client -> worker
+    "catalog", "provision", "slice", "control", "end",          # client -> worker
     "ok", "need", "done", "error", "beat",                      # worker -> client
 })
 

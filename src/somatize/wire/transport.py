@@ -24,13 +24,13 @@ from .._errors import (DeclarationError, Lost, NodeError, ProtocolError, StateLo
                        UnwritableError, WireError)
 from .._graph import user_ids
 from .._slices import Outcome
-from .catalog import MODES, pack_nodes, unpack_values
+from .catalog import MODES, pack_nodes, pack_values, unpack_values
 from .protocol import Limits
 
 __all__ = ["FORMS", "Form", "Link", "Pending", "Place", "RemoteTraceback", "Request", "Staged",
            "Tenancy",
            "catalog_refused", "checked_deadline", "checked_mode", "checked_timeout",
-           "outcome_of", "state_lost"]
+           "outcome_of", "state_lost", "verb_answered", "verb_request"]
 
 
 # -- what a client sends ------------------------------------------------------------------
@@ -213,6 +213,15 @@ class Link:
     def run(self, request: Request) -> Outcome:
         return self.submit(request).result()
 
+    def control(self, tenancy: Tenancy, verb: str, args: Any = None, *, host: str = "") -> Any:
+        """Asks the host a verb for a session (``_verbs``: a trainer's weights or state,
+        the session's random state, ...) and answers what its handler answered, or
+        raises what it raised, naming the host. The host's answer to a session it does
+        not hold is read as a slice's is: the catalog given again where the session
+        never learnt there, ``StateLost`` where it did; a verb opens no other session.
+        ``host`` names the host in what is said."""
+        raise NotImplementedError(f"{type(self).__qualname__} does not say how it asks a verb")
+
     def end(self, tenancy: Tenancy) -> None:
         return None
 
@@ -255,6 +264,10 @@ class Place:
     def end(self, tenancy: Tenancy) -> None:
         """Tells the host the session's owner is done with it (see ``Link.end``)."""
         self.link_for(tenancy).end(tenancy)
+
+    def control(self, tenancy: Tenancy, verb: str, args: Any = None, *, host: str = "") -> Any:
+        """Asks the host a verb for a session (see ``Link.control``)."""
+        return self.link_for(tenancy).control(tenancy, verb, args, host=host)
 
     def traffic(self) -> dict[str, int] | None:
         """What every link of this place carried over its life (``Link.traffic``), or
@@ -417,6 +430,46 @@ def refusal(host: str, nodes: list[str], head: dict[str, Any], facts: list[dict]
     exc.__cause__ = remote
     exc.facts = facts  # type: ignore[attr-defined]
     return exc
+
+
+def verb_request(tenancy: Tenancy, verb: str, args: Any) -> tuple[dict[str, Any], list[Any]]:
+    """A verb's request header and buffers: the session, the verb, its arguments packed
+    as a slice's values are."""
+    buffers: list[Any] = []
+    trees, refused = pack_values({"a": args}, buffers)
+    if refused:
+        raise UnwritableError(f"the arguments of verb {verb!r} cannot travel: {refused['a']}")
+    return {"s": tenancy.session, "c": verb, "v": trees}, buffers
+
+
+# What a verb's handler may raise that is raised here as it was (with the host said).
+_VERB_PLAIN = {**_PLAIN, "TypeError": TypeError, "ValueError": ValueError}
+
+
+def verb_answered(host: str, verb: str, kind: str, head: dict[str, Any],
+                  buffers: list[Any]) -> Any:
+    """What a host's ``done`` answer to a verb holds, or the error its ``error`` answer
+    stands for (raised, naming the host, with the host's traceback as its cause)."""
+    if kind == "error":
+        what, message = head.get("e"), str(head.get("m", ""))
+        made = _VERB_PLAIN.get(what)
+        exc: Exception = (made(f"{message} (on host {host!r})") if made is not None else
+                          WireError(f"host {host!r} could not answer verb {verb!r}: {what}: "
+                                    f"{message}", host=host))
+        if head.get("tb"):
+            exc.__cause__ = RemoteTraceback(str(head["tb"]), host)
+        raise exc
+    if kind != "done":
+        raise ProtocolError(f"host {host!r} answered verb {verb!r} with {kind!r}", host=host)
+    try:
+        values = unpack_values(head.get("v", {}), buffers)
+    except (ProtocolError, KeyError, TypeError, AttributeError) as exc:
+        raise ProtocolError(f"host {host!r} answered verb {verb!r} with malformed values "
+                            f"({exc})", host=host) from None
+    if type(values) is not dict:
+        raise ProtocolError(f"host {host!r} answered verb {verb!r} with malformed values",
+                            host=host)
+    return values.get("a")
 
 
 def catalog_refused(host: str, where: str, head: dict[str, Any]) -> Exception:
