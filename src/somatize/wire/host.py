@@ -16,6 +16,8 @@ import collections
 import dataclasses
 import functools
 import hashlib
+import importlib
+import sys
 import threading
 import time
 import traceback
@@ -527,6 +529,8 @@ def control(sessions: Sessions, head: Any, buffers: list[Any], stays: bool = Tru
     if tenant is None:
         return Answer("need", {"gone": gone} if gone else {}, [])
     handler = VERBS.get(name)
+    if handler is None and _imported(head.get("m")):
+        handler = VERBS.get(name)
     if handler is None:
         return failed(NameError(
             f"this host answers no verb {name!r} (it answers {sorted(VERBS) + [END]}); the "
@@ -652,3 +656,15 @@ def sendable(facts: list[dict]) -> list[dict]:
         if not buffers and not refused:
             out.append(trees)
     return out
+
+
+def _imported(module: Any) -> bool:
+    """Imports the module the client says registers a verb (one of somatize's own, and
+    only those), for a host whose catalog never did; whether it could."""
+    if type(module) is not str or not module.startswith("somatize.") or module in sys.modules:
+        return False
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return False
+    return True
