@@ -13,14 +13,29 @@
    with ``flush()`` after each step, the point at which its file holds the step as a
    Recorder's store does the moment a forward finishes.
 3. ``progress`` over a run of 10,000 forwards summarising the loss (target: < 2 s).
+4. ``store.resolve`` of a forward's name (seed 004: every forward's name answers it):
+   a forward inside a batch, and the name just past the run's end, beside the anchor,
+   a name that is bound (a batch's first forward): one name read.
 
     python benchmarks/record.py
+    python benchmarks/record.py --against ../other/src   # 1. beside another checkout
+
+``--against SRC`` measures 1. for another checkout's ``src`` (the code before a change,
+say) and for this one, each block of rounds in a process of its own, the two
+alternated in this one run, and prints the medians side by side; ``--quick`` runs
+fewer rounds.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import statistics
+import subprocess
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 from somatize import Graph, Node
 from somatize._engine import Pass
@@ -154,7 +169,68 @@ def long_run():
     return built, read, drawn
 
 
+def resolving():
+    """Per-call seconds of ``store.resolve`` for a batch's own name, a forward inside a
+    batch, and the name past the run's end, over a run of 1,000 forwards in batches of
+    100 (the listing that learns where they begin is made before timing)."""
+    store = Store(tempfile.mkdtemp(prefix="somatize-bench-"))
+    g = Graph.somatize(Body() >> Head())
+    recorder = Recorder(store, run="names")
+    for i in range(1000):
+        g.forward(i, watching=recorder)
+        if i % 100 == 99:
+            recorder.flush()
+    recorder.close()
+    assert store.resolve("run/names/550").name == "run/names/550"  # learnt, once
+    return interleaved({
+        "a batch's own name (anchor)": lambda i: store.resolve(f"run/names/{(i % 10) * 100}"),
+        "a forward inside a batch": lambda i: store.resolve(f"run/names/{(i % 10) * 100 + 57}"),
+        "the name past the end": lambda i: store.resolve("run/names/1000"),
+    }, ROUNDS, 50)
+
+
+def forward_added(g):
+    """What 1. measures, in µs per forward: recording's cost over blocks with a flush,
+    over a sustained second, and by CPU time; and the unwatched forward's own."""
+    found = forward_costs(g)
+    (plain_wall, plain_cpu), (ours_wall, ours_cpu) = sustained(g).values()
+    return {"unwatched": found["unwatched"] * 1e6,
+            "blocks": (found["watched by Recorder, + flush()"] - found["unwatched"]) * 1e6,
+            "sustained": (ours_wall - plain_wall) * 1e6,
+            "sustained, CPU": (ours_cpu - plain_cpu) * 1e6}
+
+
+_ONE = """
+import json, record
+from somatize import Graph
+print(json.dumps(record.forward_added(Graph.somatize(record.Body() >> record.Head()))))
+"""
+
+
+def against(other: str, rounds: int) -> None:
+    """1. for ``other`` (a checkout's src) and for this checkout, alternated."""
+    here = Path(__file__).resolve().parent
+    trees = {"other": str(Path(other).resolve()), "this": str(here.parent / "src")}
+    found: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
+    for r in range(rounds):
+        order = list(trees.items()) if r % 2 == 0 else list(trees.items())[::-1]
+        for name, src in order:
+            done = subprocess.run([sys.executable, "-c", _ONE], capture_output=True, text=True,
+                                  cwd=here, check=True,
+                                  env={**os.environ, "PYTHONPATH": f"{src}{os.pathsep}{here}"})
+            found[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    print(f"Recording's cost per forward, {rounds} alternated processes each, medians (µs):")
+    print(f"  {'':8s} {'unwatched':>10s} {'blocks':>10s} {'sustained':>10s} {'CPU':>10s}")
+    for name, src in trees.items():
+        med = {k: statistics.median(run[k] for run in found[name]) for k in found[name][0]}
+        print(f"  {name:8s} {med['unwatched']:10.1f} {med['blocks']:10.1f} "
+              f"{med['sustained']:10.1f} {med['sustained, CPU']:10.1f}   {src}")
+
+
 def main():
+    if "--against" in sys.argv:
+        against(sys.argv[sys.argv.index("--against") + 1], 4 if "--quick" in sys.argv else 10)
+        return
     g = Graph.somatize(Body() >> Head())
     print(f"A 2-node forward, {ROUNDS} interleaved blocks of {BLOCK}, median per forward:")
     found = forward_costs(g)
@@ -183,6 +259,12 @@ def main():
             print(f"  {name:34s} {seconds * 1e6:8.1f} µs   adds {cost * 1e6:7.1f} µs   "
                   f"Recorder/TensorBoard added cost {(ours - plain) / cost:5.2f}x")
     print("  (target: at most 1.5x TensorBoard's cost per step)")
+    print()
+    print("store.resolve of a forward's name, a run of 1,000 forwards in batches of 100:")
+    names = resolving()
+    anchor = names["a batch's own name (anchor)"]
+    for name, seconds in names.items():
+        print(f"  {name:34s} {seconds * 1e6:8.1f} µs   {seconds / anchor:6.2f}x the anchor")
     print()
     built, read, drawn = long_run()
     print(f"A run of {LONG:,} forwards summarising loss (written in {built:.2f} s):")

@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         parser.error("--resume goes on with a run already started: name it with --run")
     jobs = [(store, k, args.clients, args.rounds, args.steps, run, args.seed, args.asking,
              args.resume) for k in range(args.clients)]
-    logs = args.logs or os.path.join(tempfile.gettempdir(), "federated-submitit")
+    logs = args.logs or os.path.join("submitit-logs", run)  # one run's, not every run's
     said = run_clients(args.via, jobs, args.ray_address if args.via == "ray" else logs,
                        args.partition)
     print("round " + " ".join(f"client {k} ({s['size']:>3} rows)" for k, s in enumerate(said)))
@@ -223,7 +223,8 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--asking", type=float, default=0.2,
                         help="seconds between looks at the store")
-    parser.add_argument("--logs", help="submitit's folder for its logs and pickles")
+    parser.add_argument("--logs", help="submitit's folder for its logs and pickles "
+                        "(default: submitit-logs/RUN here, a folder per run)")
     parser.add_argument("--partition", help="the Slurm partition, with --via slurm")
     parser.add_argument("--resume", action="store_true",
                         help="take up each client's checkpoint of run --run, if it has one, "

@@ -1,6 +1,6 @@
 """The first thing to run: build a graph, look at its plan, draw it in text, run it.
 
-    make demo            # sets up .venv and runs this
+    .venv/bin/python examples/first.py    # from the clone, once make has set up .venv
 """
 
 from somatize import Graph, Node

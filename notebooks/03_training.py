@@ -28,6 +28,7 @@
 # | many training runs | a plain Python `for` (notebook 4) |
 
 # %%
+import os
 import tempfile
 
 import torch
@@ -104,7 +105,8 @@ def batch(how_many=64):
 
 # %%
 g, optimizer = built()
-store = Store(tempfile.mkdtemp())
+os.makedirs("runs", exist_ok=True)  # a fresh store per run, where you can serve it after
+store = Store(tempfile.mkdtemp(prefix="03-training-", dir="runs"))
 live = Live(title="training")
 recorder = Recorder(store, run="a-run", summarising=["loss"])
 
@@ -176,12 +178,15 @@ print("updates:", said.count("updated"), "— eight steps, two updates")
 
 # %%
 frozen_g = Graph.somatize(Body().named("body").frozen().cached() >> Head().named("head"))
-# Declaring it is the graph's half; making it true is torch's, and without the
-# digest of its weights two checkpoints would share one name.
+# Declaring it is the graph's half; making it true is torch's: freeze() notes the
+# digest of its weights as the state it is frozen at, without which two checkpoints
+# of different weights would share one name. (Fingerprints are something else: the
+# code version a node may note. These note none.)
 freeze(frozen_g)
+print("frozen at:", {k: v[:16] + "…" for k, v in frozen_g.frozen().items()})
 print("fingerprints:", {k: v[:16] + "…" for k, v in frozen_g.fingerprints().items()})
 
-kept = tempfile.mkdtemp()
+kept = tempfile.mkdtemp(prefix="03-frozen-", dir="runs")
 said = lambda f: print(" ", f["fact"], f.get("node", ""))
 
 # `Opaque` on the way in too: a bare tensor is refused at the edge, and the

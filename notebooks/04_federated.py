@@ -26,9 +26,11 @@ import os
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 import torch
 
+import somatize
 from somatize import Graph, Node, Opaque, Store
 from somatize.torch import Trainer, fedavg, parameters
 
@@ -95,8 +97,10 @@ for round_ in range(5):
 # every round. Here four clients run as four processes sharing one folder.
 
 # %%
-where = tempfile.mkdtemp()
-example = os.path.join("..", "examples", "federated.py")  # run from notebooks/
+os.makedirs("runs", exist_ok=True)  # a fresh store per run, where you can serve it after
+where = tempfile.mkdtemp(prefix="04-federated-", dir="runs")
+# the clone make installed from (src/somatize/__init__.py), wherever this kernel runs
+example = os.path.join(Path(somatize.__file__).resolve().parents[2], "examples", "federated.py")
 done = subprocess.run([sys.executable, example, "--store", where, "--clients", "4",
                        "--rounds", "3", "--steps", "4", "--asking", "0.05", "--run", "nb"],
                       capture_output=True, text=True, timeout=300)

@@ -24,6 +24,7 @@
 # every unit it has is dead from the first step.
 
 # %%
+import os
 import subprocess
 import sys
 import tempfile
@@ -74,7 +75,8 @@ for _ in range(60):
 # ## Train, recorded and audited
 
 # %%
-where = tempfile.mkdtemp()
+os.makedirs("runs", exist_ok=True)  # a fresh store per run, where you can serve it after
+where = tempfile.mkdtemp(prefix="06-health-", dir="runs")
 store = Store(where)
 recorder = Recorder(store, run="seeded", summarising=["loss"])
 trainer = Trainer(g, objective=torch.nn.functional.mse_loss,

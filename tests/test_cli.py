@@ -70,8 +70,10 @@ def test_runs_lists_each_run_with_its_forwards_and_last_loss(store):
 def test_show_without_a_forward_sums_the_run_per_node(store):
     done = somatize_command("show", store, "a-run", check_rc=0)
     lines = done.stdout.splitlines()
-    assert lines[0].startswith("run a-run: 12 forwards")
-    rows = {line.split()[0]: line.split() for line in lines[4:]}
+    assert lines[0].startswith("run a-run: 12 forwards") and "ms end to end" in lines[0]
+    # a node's total may pass the run's end to end (its backward is in it): said beside it
+    assert lines[1].startswith("(end to end: the forwards alone") and "backward" in lines[1]
+    rows = {line.split()[0]: line.split() for line in lines[5:]}
     assert set(rows) == {"body", "head"}
     assert rows["body"][1:4] == ["here", "12", "0"]
 

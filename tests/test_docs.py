@@ -1,5 +1,6 @@
 """The documentation: every public name is in it, and it builds with no broken reference."""
 
+import html
 import importlib
 import re
 import shutil
@@ -50,3 +51,14 @@ def test_the_documentation_builds_strictly(tmp_path):
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert (tmp_path / "site" / "api" / "torch" / "index.html").exists()
+    pages = {name: html.unescape(re.sub(r"<[^>]+>", "", (tmp_path / "site" / "api" / name /
+                                                        "index.html").read_text()))
+             for name in ("torch", "somatize", "record")}
+    # each class shows what it is called with, where it is named, not only in prose
+    for page, signature in [("torch", "Trainer(graph: Graph, *, objective"),
+                            ("torch", "Split(optimizer"), ("somatize", "Store("),
+                            ("record", "Recorder(")]:
+        assert signature.replace(" ", "") in "".join(pages[page].split()), (page, signature)
+    # and only public names: what other modules of ours call is not the user's API
+    for internal in ("stand", "take_weights_before"):
+        assert not re.search(rf"\b{internal}\(", pages["torch"]), internal

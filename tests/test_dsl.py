@@ -127,3 +127,24 @@ def test_long_chains_build_quickly():
         piece = piece >> A()
     g = Graph.somatize(piece)
     assert len(g.nodes()) == 2001 and g.nodes()[-1] == "a_2001"
+
+
+def test_one_object_twice_in_an_expression_is_said_to_share_its_state():
+    a, b = A(), B()
+    with pytest.warns(UserWarning, match=r"nodes 'a' and 'a_2' are one A object.*share its weights"
+                                         r".*make two objects") as said:
+        g = Graph.somatize(a >> b >> a)
+    assert said[0].filename == __file__  # pointed at the user's line, not ours
+    assert g.nodes() == ["a", "b", "a_2"] and g.implementation("a") is g.implementation("a_2")
+
+
+def test_two_objects_of_one_class_are_two_nodes_without_a_word(recwarn):
+    Graph.somatize(A() >> B() >> A())
+    assert not [w for w in recwarn if issubclass(w.category, UserWarning)]
+
+
+def test_one_object_named_the_same_twice_is_refused_saying_why_and_both_ways_out():
+    a = A()
+    with pytest.raises(DeclarationError, match=r"same A object is used twice.*named 'x' both times"
+                                               r".*two objects.*name of its own"):
+        Graph.somatize(a.named("x") >> B() >> a.named("x"))

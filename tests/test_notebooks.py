@@ -1,4 +1,5 @@
-"""The notebooks beside the code run as written, each in a real kernel.
+"""The notebooks beside the code run as written, each in a real kernel, from a folder
+that is not theirs, and leave their stores in ./runs of that folder, not in /tmp.
 
 Notebook 03 has its own test with its seed's exact expectations (tests/torch)."""
 
@@ -19,9 +20,13 @@ def run(name, tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
         [str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]))
     notebook = jupytext.read(ROOT / "notebooks" / name)
+    # from a folder of its own, not notebooks/: a notebook runs from wherever it is opened
     client = nbclient.NotebookClient(notebook, kernel_name="python3", timeout=300,
-                                     resources={"metadata": {"path": str(ROOT / "notebooks")}})
+                                     resources={"metadata": {"path": str(tmp_path)}})
     client.execute()
+    runs = tmp_path / "runs"
+    stores = sorted(p.name for p in runs.iterdir()) if runs.exists() else []
+    assert all(store.startswith(name[:2] + "-") for store in stores), stores
     printed = []
     for cell in notebook.cells:
         for output in cell.get("outputs", []):
@@ -33,6 +38,7 @@ def run(name, tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_the_federated_notebook(tmp_path, monkeypatch):
     printed = run("04_federated.py", tmp_path, monkeypatch)
+    assert list((tmp_path / "runs").iterdir())  # its store, here: not in /tmp
     assert "round 4: weights" in printed
     assert "every client ends with the same weights: yes" in printed
     assert "fed/nb/2/average" in printed
@@ -48,9 +54,17 @@ def test_the_split_learning_notebook(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_the_health_notebook(tmp_path, monkeypatch):
     printed = run("06_health.py", tmp_path, monkeypatch)
+    assert list((tmp_path / "runs").iterdir())  # its store, here: not in /tmp
     assert "l2 dying 1" in printed  # found from the store alone, in another process
     assert "same findings: True" in printed
     assert "'l2': ['dying'" in printed
     assert "Most of what l2 produces is exactly 0" in printed  # each finding with its advice
     assert "loss plateau since step 1" in printed  # the run's own symptom: shuffled labels
     assert "= ln 3, a uniform guess over 3 classes" in printed
+
+
+@pytest.mark.slow
+def test_the_privacy_notebook(tmp_path, monkeypatch):
+    printed = run("07_privacy.py", tmp_path, monkeypatch)
+    assert "the gradient defence hides the labels: True" in printed
+    assert "nopeek sends less of the input: True" in printed

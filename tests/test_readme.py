@@ -290,3 +290,25 @@ def test_the_set_up_the_tests_need_is_said_where_a_newcomer_reads():
     ci = (ROOT / ".ci" / "run").read_text()
     installed = re.search(r"apt-get install -y -qq (\w+)", ci).group(1)
     assert f"apt-get install {installed}" in said and "skipped" in said
+
+
+def test_the_first_screen_says_how_to_reach_what_make_installed():
+    """make puts the package and its command in a virtualenv, which a new shell does not
+    see: the README's first screen says how to activate it, or to call the command by
+    its path, naming the folder the Makefile makes and the command pyproject installs."""
+    first_screen = "\n".join(README.read_text().splitlines()[:40])
+    venv = re.search(r"^VENV\s*:=\s*(\S+)", (ROOT / "Makefile").read_text(), re.M).group(1)
+    command = re.search(r"\[project\.scripts\]\n(\w+) =", (ROOT / "pyproject.toml").read_text()).group(1)
+    assert f". {venv}/bin/activate" in first_screen
+    assert f"{venv}/bin/{command} " in first_screen
+
+
+def test_the_first_example_runs_as_its_docstring_says():
+    """examples/first.py names the command that runs it, with the interpreter make
+    installs (``make demo`` runs the demo, not this): that command, with this
+    interpreter in place of .venv's, runs it from the clone's root."""
+    said = re.search(r"^\s+(\S+) (examples/first\.py)", (ROOT / "examples" / "first.py").read_text(), re.M)
+    assert said.group(1) == ".venv/bin/python"
+    done = subprocess.run([sys.executable, said.group(2)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": SRC})
+    assert done.returncode == 0, done.stderr

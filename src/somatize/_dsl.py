@@ -12,7 +12,10 @@ or whatever ``.named`` said; a default never takes a name somebody chose.
 
 from __future__ import annotations
 
+import inspect
 import re
+import sys
+import warnings
 from collections.abc import Collection
 from typing import Any
 
@@ -137,6 +140,13 @@ def as_piece(thing: Any) -> Piece:
         return thing
     forward = getattr(thing, "forward", None)
     if forward is not None and callable(forward) and not isinstance(thing, type):
+        if _a_torch_module_without_ctx(thing, forward):
+            raise DeclarationError(
+                f"a torch {type(thing).__qualname__} cannot be a node as it is: its forward "
+                "takes the input alone, and a node's takes (input, ctx); wrap it as "
+                f"somatize.torch.module(m) — its forward is m(x), and its weights and export "
+                "keys are m's own"
+            )
         return Piece("one", node=thing)
     if isinstance(thing, type) and callable(getattr(thing, "forward", None)):
         raise DeclarationError(
@@ -147,6 +157,23 @@ def as_piece(thing: Any) -> Piece:
         f"a {type(thing).__qualname__} cannot be part of a graph: a node is an object with "
         "forward(input, ctx) — subclass somatize.Node"
     )
+
+
+def _a_torch_module_without_ctx(thing: Any, forward: Any) -> bool:
+    """Whether ``thing`` is a ``torch.nn.Module`` whose forward cannot take ``(input,
+    ctx)``: used as a node it would fail at its first forward. Told by its classes'
+    names, since the core never imports torch; a module written as a node (a
+    ``Node`` too, or a forward that takes ctx) is left alone."""
+    if not any(c.__name__ == "Module" and c.__module__ == "torch.nn.modules.module"
+               for c in type(thing).__mro__):
+        return False
+    try:
+        inspect.signature(forward).bind(None, None)
+    except TypeError:
+        return True
+    except ValueError:  # no signature to be read: nothing certain to refuse
+        return False
+    return False
 
 
 def _flatten(piece: Piece, outer: dict, entries: list, edges: list) -> tuple[list[int], list[int]]:
@@ -255,10 +282,18 @@ def assign_ids(entries: list[tuple[Any, str | None, dict]]) -> list[str]:
         if node_id is None:
             continue
         if node_id in chosen:
-            first = type(entries[chosen[node_id]][0]).__qualname__
+            earlier = entries[chosen[node_id]][0]
+            if earlier is impl:
+                raise DeclarationError(
+                    f"the same {type(impl).__qualname__} object is used twice in the "
+                    f"expression, named {node_id!r} both times, and one name is one node: "
+                    f"for two layers make two objects ({type(impl).__qualname__}(...) twice); "
+                    "to run one object's weights twice on purpose, give its second use a "
+                    "name of its own (.named(...))"
+                )
             raise DeclarationError(
-                f"two nodes are named {node_id!r}: a {first} and a {type(impl).__qualname__}; "
-                "ids are unique within a graph"
+                f"two nodes are named {node_id!r}: a {type(earlier).__qualname__} and a "
+                f"{type(impl).__qualname__}; ids are unique within a graph"
             )
         chosen[node_id] = position
     taken = set(chosen)
@@ -269,4 +304,30 @@ def assign_ids(entries: list[tuple[Any, str | None, dict]]) -> list[str]:
             node_id = default_id(impl, taken, counts)
             taken.add(node_id)
         ids.append(node_id)
+    _warn_of_reuse(entries, ids)
     return ids
+
+
+def _warn_of_reuse(entries: list[tuple[Any, str | None, dict]], ids: list[str]) -> None:
+    """One object at two places of an expression is two nodes sharing its state: torch
+    allows a layer applied twice, and some mean it (tied weights), so it is said, not
+    refused; most meant two layers and wrote ``a >> b >> a``."""
+    first: dict[int, str] = {}
+    for (impl, _, _), node_id in zip(entries, ids):
+        if id(impl) not in first:
+            first[id(impl)] = node_id
+            continue
+        warnings.warn(
+            f"nodes {first[id(impl)]!r} and {node_id!r} are one {type(impl).__qualname__} "
+            "object, used twice in the expression: they share its weights and state. For "
+            f"two layers, make two objects ({type(impl).__qualname__}(...) twice); if you "
+            "mean them to share, nothing else needs doing",
+            UserWarning, stacklevel=_outside())
+
+
+def _outside() -> int:
+    """The stacklevel of the user's call: the first frame that is not somatize's."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("somatize"):
+        frame, level = frame.f_back, level + 1
+    return level

@@ -12,7 +12,7 @@
     somatize export mlflow STORE RUN [--tracking-uri U]  a run as an MLflow run
     somatize worker ...                      a worker (python -m somatize.worker)
     somatize token                           a fresh random token for workers and clients
-    somatize demo [--store DIR] [--steps N]  the whole job, in about 15 s
+    somatize demo [--store DIR] [--steps N]  the whole job, in about 20 s
 
 Every command that reads a store also reads one in a bucket: ``s3://BUCKET[/PREFIX]``,
 with ``--endpoint URL`` (or ``AWS_ENDPOINT_URL``) and the usual AWS credential
@@ -258,7 +258,9 @@ def _nodes_table(store: Any, run: str) -> list[str]:
     summed = tally(store, run)
     head = [f"run {run}: {summed.forwards} forwards, {summed.took_us / 1000:.6g} ms end to end"
             + (f", {summed.failed} failed" if summed.failed else "")
-            + (f", {len(summed.damaged)} damaged (left out)" if summed.damaged else "")]
+            + (f", {len(summed.damaged)} damaged (left out)" if summed.damaged else ""),
+            "(end to end: the forwards alone; a node's total ms below adds the backward passes "
+            "recorded for it, so it may be more)"]
     # A record that cannot be read is said, and the rest shown: one bad record of many
     # hands must not hide a run.
     damage = [f"damaged: {why}" for why in summed.damaged.values()]

@@ -69,3 +69,21 @@ def test_a_zero_on_a_log_axis_is_a_marker_on_the_axis_said_to_be_zero_not_a_floo
     assert figure.layout.yaxis3.range[0] < -3  # below head's 1e-3, so 0 is under every value
     said = [a for a in figure.layout.annotations if a.text == "▲ on the axis: exactly 0"]
     assert {a.yref for a in said} == {"y2 domain", "y3 domain"}
+
+
+def test_log_axes_are_labelled_whole_never_with_bare_digits(tmp_path):
+    """A log axis spanning decades is labelled a power of ten a decade; one spanning
+    less is labelled at 1, 2 and 5 of its decade, each number written whole (plotly's
+    own labels there are bare digits: '5 4 3 2 0.01')."""
+    store = Store(str(tmp_path))
+    wide = lambda n: {"grad_norm": 10.0 ** -n, "update_ratio": 2e-3, "act_zero": 0.1,  # noqa: E731
+                      "nonfinite": 0}
+    recorded(store, "r", chain(8, body=wide))
+    layout = panel(store, "r").layout
+    logs = {name: layout[name] for name in layout if name.startswith("yaxis")
+            and layout[name].type == "log"}
+    assert len(logs) >= 2
+    for axis in logs.values():
+        assert axis.exponentformat == "power"
+        assert axis.dtick == 1 or (axis.dtick == "D2" and axis.tickformat == ".2~g")
+    assert {axis.dtick for axis in logs.values()} == {1, "D2"}  # one wide, one narrow here

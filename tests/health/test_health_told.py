@@ -25,7 +25,7 @@ def test_the_findings_are_a_table_of_where_what_since_and_evidence(tmp_path, cap
     recorded(store, "sick", chain(20, **{"body.net.1": dead, "body": fine, "head": fine}))
     assert command([str(tmp_path), "sick"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == "run sick: 20 measured steps of 3 wheres, 20 losses"
+    assert out[0] == "run sick: 20 measured steps of 3 places (a node, or a layer in one), 20 losses"
     assert out[2].split() == ["where", "what", "since", "evidence"]
     assert out[4].split()[:3] == ["body.net.1", "dying", "3"]
     assert "act_zero >= 0.9 for 18 steps" in out[4]

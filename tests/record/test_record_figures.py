@@ -214,3 +214,21 @@ def test_spent_keeps_forward_backward_and_the_first_forward_apart(store):
     assert f"in the nodes forward {_ms(here)} here, {_ms(9 * 5000)} on workers" in title
     assert f"backward {_ms(9 * 7000 + 9 * 9000)} (after the forwards" in title
     assert "after the first" in title and "(warm-up)" in title
+
+
+def test_on_a_log_axis_the_smoothed_loss_is_averaged_in_logs_and_ticks_are_powers_of_ten(store):
+    recorded(store, steps=60, losses=lambda i: 10.0 ** (-i / 7))  # from 1 down to 1e-8.4
+    fig = progress(store, "a-run")
+    raw, smooth = fig.data
+    assert fig.layout.yaxis.type == "log" and fig.layout.yaxis.exponentformat == "power"
+    assert fig.layout.yaxis.dtick == 1
+    # It lags the points by about ten forwards' worth (1.4 decades here), as an average
+    # does; an average of the values would end near 1e-4, ruled by the first ones.
+    assert raw.y[-1] < smooth.y[-1] < raw.y[-1] * 10 ** 1.5
+    assert smoothed(curve(store, "a-run"), 0.9)[-1] > smooth.y[-1] * 100
+
+
+def test_where_the_time_went_keeps_its_legend_clear_of_the_titles(store):
+    recorded(store, steps=5)
+    legend = spent(store, "a-run").layout.legend
+    assert legend.x >= 1 and legend.xanchor == "left"  # right of the bars, not over a title

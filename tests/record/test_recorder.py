@@ -18,7 +18,7 @@ import pytest
 import somatize
 from somatize import Graph, Node, RecordError, UnwritableError
 from somatize.record import FORMAT, Recorder, facts, forwards
-from somatize.record._read import listed, read
+from somatize.record._read import forwards_of, listed, read
 from somatize.store import Store
 
 SRC = os.path.dirname(os.path.dirname(somatize.__file__))
@@ -93,6 +93,60 @@ def test_the_seeds_example_reads_its_own_write_through_the_store(store):
     again = Store(store.where)  # another Store of the same place reads it too
     two_nodes().forward(2, watching=r)
     assert sum(b.meta[""] for b in again.bound(f"run/{r.run}")) == 2
+
+
+RESOLVING = """
+import json, sys
+import somatize.record  # what answers a forward's name inside a batch
+from somatize.record._read import read
+from somatize.store import Store
+store = Store(sys.argv[1])
+out = []
+for n in range(int(sys.argv[3]) + 1):
+    bound = store.resolve(f"run/{sys.argv[2]}/{n}")
+    out.append(None if bound is None else [bound.name, read(store, bound)["facts"]])
+print(json.dumps(out))
+"""
+
+
+def test_every_forwards_name_resolves_to_that_forward_however_it_is_batched(store):
+    g = two_nodes()
+    r = Recorder(store, summarising=["loss"])
+    seen = []
+
+    def forward(i):
+        g.forward(i, watching=[r, seen.append])
+        said = {"fact": "loss", "value": i / 10}
+        r(said)
+        seen.append(said)
+
+    for i in range(3):  # the seed's case: three forwards, nothing flushed
+        forward(i)
+    for n in range(3):  # right after them, each name is that forward's
+        bound = store.resolve(f"run/{r.run}/{n}")
+        assert bound is not None and bound.name == f"run/{r.run}/{n}"
+        assert read(store, bound)["facts"] == seen[5 * n: 5 * n + 5]
+        assert forwards_of(bound, n) == [(n, bound)] or n == 0  # a forward's own Bound
+        assert forwards_of(bound, n)[0][1].meta == {"loss": n / 10}
+    assert store.resolve(f"run/{r.run}/3") is None
+    for i in range(3, 9):  # more batches: 3 and 4 alone, then 5 to 8 behind the run
+        forward(i)
+        if i in (3, 4):
+            r.flush()
+    assert len(store.bound(f"run/{r.run}")) >= 3  # several batches on disk
+    for n in range(9):
+        bound = store.resolve(f"run/{r.run}/{n}")
+        assert read(store, bound)["facts"] == seen[5 * n: 5 * n + 5], n
+    assert store.resolve(f"run/{r.run}/9") is None and store.resolve(f"run/{r.run}/90") is None
+    # ...and in another process, which knows nothing of how they were batched
+    done = subprocess.run([sys.executable, "-c", RESOLVING, store.where, r.run, "9"],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": SRC})
+    assert done.returncode == 0, done.stderr
+    there = json.loads(done.stdout)
+    assert there[9] is None
+    assert [facts for _, facts in there[:9]] == [seen[5 * n: 5 * n + 5] for n in range(9)]
+    assert [name for name, _ in there[:9]] == [f"run/{r.run}/{n}" for n in range(9)]
 
 
 def test_a_read_of_other_names_writes_nothing_early(store):

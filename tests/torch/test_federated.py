@@ -1,5 +1,7 @@
 """fedavg against Flower and against arithmetic done by hand; gather with real client
-processes that share a folder or a bucket, some of which are killed on purpose."""
+processes that share a folder or a bucket, some of which are killed on purpose; and
+what a round does with its parts (a robust rule, a server optimizer carried by the
+store, a quorum), with threads and processes on a real directory."""
 
 from __future__ import annotations
 
@@ -10,16 +12,19 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import weakref
 from pathlib import Path
 
 import pytest
 import torch
+from fedrounds import gathered, keep_as, trained, weights
 
 import somatize
 from somatize import BadName, DeclarationError
+from somatize._codec import dumps
 from somatize.store import Store
-from somatize.torch import fedavg, gather
+from somatize.torch import ClientPrivacy, FedAdam, FedAvgM, fedavg, fedmedian, gather, krum
 
 SRC = str(Path(somatize.__file__).resolve().parent.parent)
 ROOT = Path(__file__).resolve().parents[2]
@@ -502,12 +507,12 @@ def test_a_secret_is_a_str_or_bytes_and_a_short_one_is_warned_of(tmp_path):
 # -- the example: processes on a folder, submitit on a bucket
 
 
-def example(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+def example(*args: str, env: dict | None = None, cwd=None) -> subprocess.CompletedProcess:
     env = {**os.environ, **(env or {}),
            "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")])}
     return subprocess.run([sys.executable, str(ROOT / "examples" / "federated.py"), *args],
                           check=False, env=env, capture_output=True, text=True,
-                          timeout=240)
+                          timeout=240, cwd=cwd)
 
 
 def check_the_run(store: Store, run: str, clients: int, rounds: int) -> None:
@@ -548,14 +553,15 @@ def test_the_example_through_submitit_on_a_bucket(tmp_path, monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", servers.SECRET)
     with servers.s3_server() as endpoint:
         servers.make_bucket(endpoint, "federated")
-        done = example("--via", "submitit", "--logs", str(tmp_path / "logs"), "--clients",
+        done = example("--via", "submitit", "--clients",
                        "4", "--rounds", "3", "--steps", "4", "--asking", "0.05",
                        "--endpoint", endpoint, "--bucket", "federated", "--prefix", "fed",
-                       "--run", "demo")
+                       "--run", "demo", cwd=tmp_path)
         assert done.returncode == 0, done.stderr + done.stdout
         assert "every client ends with the same weights: yes" in done.stdout
         check_the_run(Store.on_bucket(endpoint, "federated", prefix="fed"), "demo", 4, 3)
-    assert len(list((tmp_path / "logs").glob("*_result.pkl"))) == 4  # four submitit jobs
+    # submitit's files: by default in a folder of this run's own, where it was started
+    assert len(list((tmp_path / "submitit-logs" / "demo").glob("*_result.pkl"))) == 4
 
 
 def test_on_slurm_the_executor_is_the_one_line_that_changes(tmp_path, monkeypatch):
@@ -575,3 +581,209 @@ def test_on_slurm_the_executor_is_the_one_line_that_changes(tmp_path, monkeypatc
     assert isinstance(cluster, submitit.AutoExecutor) and cluster.cluster == "slurm"
     assert cluster._executor.parameters["partition"] == "gpu"  # submitit took our parameters
     assert cluster._executor.parameters["time"] == 30
+
+
+# -- what a round does with its parts: a rule, a server optimizer, a quorum
+
+
+def test_a_round_with_a_robust_rule_answers_that_rule_on_the_parts(tmp_path):
+    store = Store(tmp_path / "s", durable=False)
+    parts = {k: weights(k) for k in range(5)}
+    answers, _ = gathered(store, parts, run="r", round=0, clients=5, asking=0.01,
+                          aggregate=fedmedian)
+    expected = fedmedian([parts[k] for k in range(5)])
+    answers2, _ = gathered(store, parts, run="r", round=1, clients=5, asking=0.01,
+                           aggregate=lambda e, s: krum(e, s, byzantine=1, keep=2))
+    picked = krum([parts[k] for k in range(5)], byzantine=1, keep=2)
+    for k in range(5):
+        assert torch.equal(answers[k]["n"]["w"], expected["n"]["w"])
+        assert torch.equal(answers2[k]["n"]["w"], picked["n"]["w"])
+
+
+# -- server optimizers: state carried by the store
+
+
+def rounds_averaged_by(store, averagers, server, clients=3, sizes=(30, 10, 60)):
+    """Runs len(averagers) rounds; in round r only client averagers[r] averages (the
+    others' parts are kept before it asks, and they ask after it answered)."""
+    start, run = weights(0), "r"
+    current = start
+    for round, averager in enumerate(averagers):
+        parts = {k: trained(current, k, round) for k in range(clients)}
+        for k in range(clients):
+            if k != averager:
+                keep_as(store, run, round, k, parts[k], clients, sizes[k])
+        answer = gather(store, parts[averager], run=run, round=round, clients=clients,
+                        mine=averager, size=sizes[averager], server=server, start=start,
+                        asking=0.01, within=20)
+        assert store.resolve(f"fed/r/{round}/averaging").meta["client"] == averager
+        for k in range(clients):  # the others get the same answer, and average nothing
+            other = gather(store, parts[k], run=run, round=round, clients=clients, mine=k,
+                           size=sizes[k], server=server, start=start, within=20)
+            assert all(torch.equal(other["n"][key], answer["n"][key]) for key in answer["n"])
+        current = answer
+    return current
+
+
+@pytest.mark.parametrize("server", [FedAdam(eta=0.05), FedAvgM(learning_rate=0.8,
+                                                                 momentum=0.9)],
+                         ids=["adam", "avgm"])
+def test_the_server_state_is_continued_by_whichever_client_averages(tmp_path, server):
+    one = rounds_averaged_by(Store(tmp_path / "a", durable=False), [0, 1, 2, 0], server)
+    other = rounds_averaged_by(Store(tmp_path / "b", durable=False), [2, 0, 1, 1], server)
+    assert all(torch.equal(one["n"][k], other["n"][k]) for k in one["n"])
+    # ...and the same four rounds with one optimizer kept in memory throughout:
+    current, state = weights(0), None
+    for round in range(4):
+        parts = [trained(current, k, round) for k in range(3)]
+        current, state = server.step(current, fedavg(parts, [30, 10, 60]), state)
+    assert all(torch.equal(one["n"][k], current["n"][k]) for k in one["n"])
+
+
+def test_the_server_state_equals_flowers_fedadam_over_the_same_rounds(tmp_path):
+    from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, \
+        parameters_to_ndarrays
+    from flwr.server.strategy import FedAdam as FlowerFedAdam
+
+    ours = rounds_averaged_by(Store(tmp_path / "a", durable=False), [1, 2, 0],
+                              FedAdam(eta=0.05))
+    floats = lambda e: [e["n"]["w"].numpy(), e["n"]["b"].numpy()]  # noqa: E731
+    flower = FlowerFedAdam(initial_parameters=ndarrays_to_parameters(floats(weights(0))),
+                           eta=0.05)
+    current = weights(0)
+    for round in range(3):
+        parts = [trained(current, k, round) for k in range(3)]
+        results = [(None, FitRes(Status(Code.OK, ""), ndarrays_to_parameters(floats(p)), n, {}))
+                   for p, n in zip(parts, [30, 10, 60])]
+        w, b = parameters_to_ndarrays(flower.aggregate_fit(round + 1, results, [])[0])
+        current = {"n": {"w": torch.from_numpy(w).float(), "b": torch.from_numpy(b),
+                         "steps": parts[0]["n"]["steps"]}}
+    torch.testing.assert_close(ours["n"]["w"], current["n"]["w"], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(ours["n"]["b"], current["n"]["b"], rtol=1e-12, atol=1e-12)
+
+
+def test_a_first_round_with_a_server_and_no_start_is_refused_before_anything_is_kept(
+        tmp_path):
+    store = Store(tmp_path / "s", durable=False)
+    with pytest.raises(ValueError, match="give them as start="):
+        gather(store, weights(0), run="r", round=0, clients=2, mine=0, server=FedAdam())
+    assert store.bound() == []
+
+
+# -- quorum
+
+
+def test_a_quorum_round_closes_without_a_straggler_who_then_takes_its_average(tmp_path):
+    store = Store(tmp_path / "s", durable=False)
+    parts = {k: weights(k) for k in range(4)}
+    began = time.monotonic()
+    answers, told = gathered(store, {k: parts[k] for k in range(3)}, run="r", round=0,
+                             clients=4, quorum=3, within=1.0, asking=0.05,
+                             size=None)
+    assert time.monotonic() - began >= 1.0  # it waited for the straggler until within=
+    expected = fedavg([parts[k] for k in range(3)])
+    assert all(torch.equal(answers[k]["n"]["w"], expected["n"]["w"]) for k in range(3))
+    said = [m for k in range(3) for m in told[k]]
+    assert len(said) == 1 and "closed at its quorum without client 3" in said[0]
+    assert store.resolve("fed/r/0/average").meta["parts"] == [0, 1, 2]
+    # the straggler turns up: it keeps nothing and takes the closed round's average
+    with pytest.warns(UserWarning, match="closed without client 3's part"):
+        late = gather(store, parts[3], run="r", round=0, clients=4, mine=3, quorum=3,
+                      within=1.0)
+    assert torch.equal(late["n"]["w"], expected["n"]["w"])
+    assert store.resolve("fed/r/0/client/3") is None
+    # a part kept after the round closed (a client that asked just before) is in no
+    # average: not this round's, which stands, and the next round has names of its own
+    keep_as(store, "r", 0, 3, parts[3], 4, None)
+    with pytest.warns(UserWarning, match="closed without client 3's part"):
+        again = gather(store, parts[3], run="r", round=0, clients=4, mine=3, quorum=3)
+    assert torch.equal(again["n"]["w"], expected["n"]["w"])
+    # it joins the next round, which all four make, at once (no waiting for within=)
+    began = time.monotonic()
+    answers, told = gathered(store, {k: trained(expected, k, 1) for k in range(4)}, run="r",
+                             round=1, clients=4, quorum=3, within=30.0, asking=0.05)
+    assert time.monotonic() - began < 10
+    assert store.resolve("fed/r/1/average").meta["parts"] == [0, 1, 2, 3]
+    assert not any(told.values())
+
+
+def test_a_quorum_not_reached_times_out_naming_who_is_missing(tmp_path):
+    store = Store(tmp_path / "s", durable=False)
+    answers, _ = gathered(store, {0: weights(0), 1: weights(1)}, run="r", round=0,
+                          clients=4, quorum=3, within=0.5, asking=0.05, lease=0.5)
+    for k in (0, 1):
+        assert isinstance(answers[k], TimeoutError)
+        assert "clients 2, 3 never kept a part within 0.5 s (2 of 4 did)" in str(answers[k])
+
+
+def test_a_quorum_is_checked(tmp_path):
+    store = Store(tmp_path / "s", durable=False)
+    with pytest.raises(ValueError, match="quorum=5 is refused"):
+        gather(store, weights(0), run="r", round=0, clients=4, mine=0, quorum=5)
+    with pytest.raises(ValueError, match="leave out aggregate="):
+        gather(store, weights(0), run="r", round=0, clients=4, mine=0, aggregate=fedmedian,
+               privacy=ClientPrivacy(clip=1.0, noise=1.0), start=weights(0))
+    assert store.bound() == []
+
+
+QUORUM_CLIENT = """
+import json, sys, time, warnings
+import torch
+from somatize.store import Store
+from somatize.torch import gather
+where, mine, wait = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+time.sleep(wait)
+store = Store(where, durable=False)
+weights = {"n": {"w": torch.arange(4.0) * (mine + 1)}}
+said = []
+for round in range(2):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        average = gather(store, weights, run="q", round=round, clients=4, mine=mine,
+                         size=mine + 1, quorum=3, within=[1.5, 60.0][round], asking=0.05)
+    said.append([str(w.message) for w in caught])
+    weights = {"n": {"w": average["n"]["w"] + 1}}
+print(json.dumps({"w": average["n"]["w"].tolist(), "said": said}))
+"""
+
+
+@pytest.mark.slow
+def test_a_quorum_round_with_processes_on_a_directory(tmp_path):
+    where = tmp_path / "s"
+    Store(where)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")]))
+    children = [subprocess.Popen([sys.executable, "-c", QUORUM_CLIENT, str(where), str(k),
+                                  "0" if k < 3 else "6"], env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True) for k in range(4)]
+    said = []
+    for child in children:
+        out, err = child.communicate(timeout=120)
+        assert child.returncode == 0, err
+        said.append(json.loads(out))
+    store = Store(where)
+    first = store.resolve("fed/q/0/average").meta
+    assert first["parts"] == [0, 1, 2] and first["sizes"] == [1.0, 2.0, 3.0]
+    expected = fedavg([store.recall(f"fed/q/0/client/{k}") for k in range(3)], [1, 2, 3])
+    assert torch.equal(store.recall("fed/q/0/average")["n"]["w"], expected["n"]["w"])
+    assert store.resolve("fed/q/0/client/3") is None  # the straggler kept nothing in round 0
+    assert any("closed at its quorum without client 3" in m for s in said[:3] for m in s["said"][0])
+    assert any("closed without client 3's part" in m for m in said[3]["said"][0])
+    # in round 1 the straggler started from round 0's average, like the others
+    assert torch.equal(store.recall("fed/q/1/client/3")["n"]["w"], expected["n"]["w"] + 1)
+    assert store.resolve("fed/q/1/average").meta["parts"] == [0, 1, 2, 3]
+    assert len({json.dumps(s["w"]) for s in said}) == 1
+
+
+def test_a_server_round_refuses_a_replaced_average_of_the_round_before(tmp_path):
+    secret = "a-secret-every-client-of-the-run-is-given-" + "x" * 16
+    store = Store(tmp_path / "s", durable=False)
+    parts = {k: weights(k) for k in range(2)}
+    answers, _ = gathered(store, parts, run="r", round=0, clients=2, asking=0.01,
+                          secret=secret, server=FedAdam(), start=weights(0))
+    assert all(isinstance(a, dict) for a in answers.values())
+    real = store.resolve("fed/r/0/average")
+    store.bind("fed/r/0/average", store.put(dumps(weights(9))), real.meta)
+    with pytest.raises(somatize.StoreError, match="fed/r/0/average"):
+        gather(store, parts[0], run="r", round=1, clients=2, mine=0, secret=secret,
+               server=FedAdam(), start=weights(0))
+    assert store.resolve("fed/r/1/client/0") is None

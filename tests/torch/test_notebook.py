@@ -34,12 +34,15 @@ def test_the_training_notebook_runs_as_written(tmp_path, monkeypatch):
     client = nbclient.NotebookClient(notebook, kernel_name="python3", timeout=300,
                                      resources={"metadata": {"path": str(tmp_path)}})
     client.execute()  # raises CellExecutionError, with the cell, if any cell fails
+    assert sorted("-".join(p.name.split("-")[:2]) for p in (tmp_path / "runs").iterdir()) \
+        == ["03-frozen", "03-training"]  # its stores, here: none left in /tmp
 
     code = [cell for cell in notebook.cells if cell.cell_type == "code"]
     printed = "\n".join(outputs(cell) for cell in code)
     assert "losses : 8" in printed
     assert "updates: 2 — eight steps, two updates" in printed
     assert "fingerprints: {}" in printed
+    assert "frozen at: {'body': '" in printed  # the weights' digest the comment speaks of
     frozen = next(outputs(c, answered=False) for c in code if "first time" in outputs(c))
     # `began` is our engine's (SPEC section 7); the seed's printout predates it.
     assert [line.split() for line in frozen.splitlines()

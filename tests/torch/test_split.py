@@ -181,14 +181,6 @@ def test_trains_naming_nobody_frozen_trained_and_silent_nodes_are_refused():
                 trains={"head": "split"})
 
 
-def test_a_trained_node_with_two_producers_is_refused():
-    torch.manual_seed(0)
-    g = Graph.somatize((Lin(8, 4).named("a") | Lin(8, 4).named("b")) >> Lin(4, 1).named("join"))
-    with pytest.raises(DeclarationError, match="'join' is trained and has 2 producers"):
-        Trainer(g, objective=mse, optimizer=torch.optim.SGD(parameters(g, without=["join"])),
-                trains={"join": Split(torch.optim.SGD)})
-
-
 def test_cached_after_a_cut_is_refused(tmp_path):
     class Fixed(Node):  # nothing to train: a cache over it is honest on its own
         def forward(self, x, ctx):

@@ -8,8 +8,8 @@ import pytest
 import torch
 from splitnets import Broken, Forges, Lin
 
-from somatize import Broker, DeclarationError, Graph, NodeError, Worker
-from somatize.torch import Split, Trainer, parameters
+from somatize import Broker, DeclarationError, Graph, NodeError, StateLost, Worker
+from somatize.torch import NoGradient, Split, Trainer, parameters
 
 mse = torch.nn.functional.mse_loss
 
@@ -203,3 +203,32 @@ def test_a_forged_narrowed_type_is_refused_naming_the_node_it_was_handed_to(work
         t.step(batches(1)[0])
     assert (caught.value.node, caught.value.host, caught.value.kind) == ("body", "gpu", "TypeError")
     said_once(caught.value, "node 'body' (Enters) raised TypeError")
+
+
+def test_a_node_on_a_worker_left_out_of_trains_is_told_to_get_a_trainer_there(worker):
+    """Its parameters in the optimizer here get no gradient, since its backward runs on
+    the worker: the message names the node and its host, and says how to train it."""
+    g = net("w")
+    trainer = Trainer(g, objective=mse, optimizer=torch.optim.SGD(parameters(g), lr=0.1),
+                      broker=Broker.embedded({"w": worker}))
+    with pytest.raises(NoGradient) as refused:
+        trainer.fit(batches(2))
+    said = str(refused.value)
+    assert "'body' runs on 'w'" in said and "trains={'body': Split(" in said
+    assert "parameters(g, without=trains)" in said and "does not reach the loss" not in said
+
+
+def test_export_after_the_workers_with_block_is_state_lost_not_a_port_to_start():
+    """The worker's `with` block ended: its trainer's weights are gone, and the message
+    says so and when to ask, rather than how to start a worker at its old port."""
+    g = net("w")
+    trains = {"body": Split(torch.optim.SGD, lr=0.1)}
+    with Worker.generic(mode="network", send=["splitnets"]) as worker:
+        trainer = Trainer(g, objective=mse, trains=trains, broker=Broker.embedded({"w": worker}),
+                          optimizer=torch.optim.SGD(parameters(g, without=trains), lr=0.1))
+        trainer.fit(batches(2))
+    with pytest.raises(StateLost) as lost:
+        trainer.export()
+    said = str(lost.value)
+    assert "host 'w'" in said and "closed" in said and "inside the `with` block" in said
+    assert "listening" not in said and "python -m somatize.worker" not in said

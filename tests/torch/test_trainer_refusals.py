@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from trainnets import batches, graph, weights
 
-from somatize import CacheError, DeclarationError, Graph, Node, Opaque
+from somatize import CacheError, DeclarationError, Graph, Node, Opaque, Worker
 from somatize.torch import Trainer, freeze, parameters
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -231,3 +231,14 @@ def test_a_progress_bar_with_the_loss_on_a_terminal():
     assert child.wait(timeout=60) == 0, shown.decode(errors="replace")
     text = shown.decode(errors="replace")
     assert "8/8" in text and "loss=" in text
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="torch sees a CUDA device here")
+def test_a_node_on_cuda_where_there_is_none_is_warned_of_by_name():
+    g, _, _ = graph(body=lambda b: b.on("cuda:0"), head=lambda h: h.at("w"))
+    with pytest.warns(UserWarning, match=r"node 'body' is \.on\('cuda:0'\).*sees no CUDA device"
+                                         r".*runs on the CPU.*drop \.on") as said:
+        Trainer(g, objective=F.mse_loss, optimizer=sgd(parameters(g, without=["head"])),
+                workers={"w": Worker.at("127.0.0.1:9")})  # declared: nothing is opened
+    assert [str(w.message).split()[1] for w in said if "CUDA" in str(w.message)] == ["'body'"]
+    assert said[0].filename == __file__  # the head, on a worker, is the worker's to judge

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from somatize import Ctx, DeclarationError
+from somatize import Ctx, DeclarationError, Opaque
 from somatize._verbs import SEEDING, VERBS, verb
 from somatize.torch import Split, envelope
 from somatize.torch._checkpoint import VERBS as CHECKPOINT_VERBS
@@ -84,8 +84,16 @@ def test_a_map_of_one_reserved_key_is_an_activation_now_not_a_message():
     or not, is an activation like any other value."""
     node, split = trained()
     split.entering(torch.randn(4, 3), Ctx())
-    for made in ({"out": torch.randn(4, 2)}, {"__soma_weights__": True}):
-        assert split.forward(made, Ctx()) is made and split.held is made
+    made = {"__soma_weights__": True}
+    assert split.forward(made, Ctx()) is made and split.held is made
+    # a map of tensors is kept as the activation, and what goes on is cut from it, as
+    # a lone tensor would be
+    split.entering(torch.randn(4, 3), Ctx())
+    made = {"out": torch.randn(4, 2, requires_grad=True) * 2}
+    went = split.forward(made, Ctx())
+    assert split.held is made
+    assert type(went) is Opaque and went.value.keys() == {"out"}
+    assert torch.equal(went.value["out"], made["out"]) and not went.value["out"].requires_grad
 
 
 def test_a_verbs_name_is_one_features_and_never_end():
@@ -107,7 +115,10 @@ def test_the_handlers_are_the_features_and_the_trainer_imports_none_of_them():
     assert set(RANDOM_VERBS) == {"random", "set_random", "seed"}
     assert set(SHARED_VERBS) == {"shared_order"}
     imports = _imports()
-    assert imports["_learning"] == set(), imports["_learning"]  # the core only
+    # the core only, and the walk through a value's tensors, which is no feature and
+    # imports nothing of this package itself
+    assert imports["_learning"] <= {"_tensors"}, imports["_learning"]
+    assert imports["_tensors"] == set(), imports["_tensors"]
     assert "_learning" not in imports["_weights"] | imports["_checkpoint"]
     assert _circle(imports) is None, _circle(imports)
 

@@ -137,13 +137,18 @@ def test_the_pages_say_what_is_so_in_a_browser(tmp_path):
         assert "forwards end to end" in spent and "after the first" in spent
         assert "in the nodes forward" in spent and "(warm-up)" in spent
 
-        # The toolbar stays off every figure's title.
+        # The toolbar stays off every figure's title, and off its legend (the health
+        # panel's stands right of the plot, where an upright toolbar covered it).
         for key in ("progress", "health", "graph", "spent"):
             page.hover(f"#figure-{key} .main-svg")
             bar = page.locator(f"#figure-{key} .modebar").bounding_box()
             title = page.locator(f"#figure-{key} .gtitle").bounding_box()
             if bar and title:
                 assert not overlap(bar, title), key
+            for legend in page.locator(f"#figure-{key} .legend").all():
+                box = legend.bounding_box()
+                if bar and box:
+                    assert not overlap(bar, box), key
         kept(page, tmp_path, "followed-stopped.png")
         page.goto(url + "/")
         page.wait_for_selector("a.run-link:text-is('followed')")

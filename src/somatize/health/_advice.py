@@ -124,7 +124,14 @@ def _kind(optimizer: Any) -> str | None:
     return None
 
 
-_FOR_A_PLACE = {"nonfinite": _nonfinite, "dying": _dying, "dead_channels": _dead_channels,
+def _label_leak(where: str, node: str, evidence: dict[str, Any]) -> str:
+    return (f"The gradients sent to {where} tell which examples share a label (direction "
+            f"attack AUC {evidence.get('worst', float('nan')):.2f}): whoever runs {node} can "
+            f"read your labels, so protect its cut before they are sent "
+            f"(Trainer(protecting={{{node!r}: Protection(gradients=1.0)}})).")
+
+
+_FOR_A_PLACE = {"label_leak": _label_leak, "nonfinite": _nonfinite, "dying": _dying, "dead_channels": _dead_channels,
                 "exploding": _exploding, "vanishing": _vanishing, "saturated": _saturated,
                 "not_updating": _not_updating, "update_too_large": _update_too_large}
 

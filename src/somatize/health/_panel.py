@@ -23,7 +23,10 @@ _LOSS_ROW = (LOSS, "loss", True, ("plateau", "diverging", "oscillating"))
 _ROWS = (("grad_norm", "gradient norm", True, ("vanishing", "exploding")),
          ("update_ratio", "update ratio ‖Δw‖/‖w‖", True, ("not_updating", "update_too_large")),
          ("act_zero", "share of zeros (dying)", False, ("dying",)),
-         ("act_saturated", "share saturated", False, ("saturated",)))
+         ("act_saturated", "share saturated", False, ("saturated",)),
+         ("leak_direction_auc", "label leak AUC, direction attack", False, ("label_leak",)),
+         ("leak_norm_auc", "label leak AUC, norm attack", False, ()),
+         ("input_dcor", "distance correlation, input ↔ sent", False, ()))
 _MARK = "rgb(214, 39, 40)"
 _COLOURS = ("#4c78a8", "#f58518", "#54a24b", "#b279a2", "#e45756", "#72b7b2", "#eeca3b",
             "#ff9da6", "#9d755d", "#bab0ac")
@@ -96,9 +99,13 @@ def _figure(run: str, history: dict[str, dict[str, list]], findings: list[Findin
             figure.update_yaxes(type="linear", row=row, col=1)
         else:
             low, high = scale
-            # A decade a label when the axis spans a few: its minor labels would crowd it.
+            # A decade a label, as a power of ten, when the axis spans a few (its minor
+            # labels would crowd it); else 1, 2 and 5 of each decade, each written whole:
+            # plotly's own labels there are bare digits ("5 4 3 2 0.01").
+            wide = high - low >= 2
             figure.update_yaxes(type="log", range=[low, high], row=row, col=1,
-                                dtick=1 if high - low >= 2 else None)
+                                dtick=1 if wide else "D2", exponentformat="power",
+                                tickformat=None if wide else ".2~g")
     _mark(figure, rows, findings)
     figure.update_xaxes(title_text="step", row=len(rows), col=1)
     figure.update_layout(

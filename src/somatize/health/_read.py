@@ -164,7 +164,9 @@ def seen(store: Any, run: str, step: int | None = None) -> dict[str, dict[str, A
     out: dict[str, dict[str, Any]] = {}
     for fact in facts:
         if fact["step"] == step:
-            out[fact["where"]] = _measures(fact)  # a step said twice: the later wins
+            # a step said twice (a worker's measures, then the leaks measured here):
+            # one where's measures, the later winning where both say one
+            out.setdefault(fact["where"], {}).update(_measures(fact))
     if not out:
         steps = sorted({fact["step"] for fact in facts})
         below = [s for s in steps if s < step][-3:]

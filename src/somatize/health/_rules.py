@@ -23,14 +23,16 @@ __all__ = ["DEFAULTS", "KINDS", "Finding", "diagnose", "findings_of", "overlay"]
 
 #: What a finding can say, in the order findings of one step and where are listed.
 KINDS = ("nonfinite", "dying", "dead_channels", "exploding", "vanishing", "saturated",
-         "not_updating", "update_too_large", "plateau", "diverging", "oscillating")
+         "not_updating", "update_too_large", "label_leak", "plateau", "diverging",
+         "oscillating")
 #: Every threshold ``diagnose`` takes, at its default (see ``diagnose`` for each one's
 #: meaning and source).
 DEFAULTS: dict[str, float] = {"dying": 0.9, "dead_channels": 0.5, "saturated": 0.5,
                               "vanishing": 1e-3, "exploding": 70.0, "not_updating": 1e-6,
                               "update_too_large": 0.5, "weight_growth": 0.07,
                               "plateau": 0.1, "converged": 0.5, "diverging": 0.25,
-                              "oscillating": 0.5, "window": 10, "loss_window": 40}
+                              "oscillating": 0.5, "label_leak": 0.8, "window": 10,
+                              "loss_window": 40}
 _WINDOWS = ("window", "loss_window")
 
 
@@ -123,6 +125,7 @@ def diagnose(store: Any, run: str, **thresholds: float) -> list[Finding]:
     | ``converged`` | 0.5 | (part of ``plateau``) a loss under this share of where it began has learnt: a flat stretch after it is convergence, not a plateau |
     | ``diverging`` | 0.25 | the loss climbs: over a loss window it rises (the fitted rise less two standard errors) by at least this share of its level, or the window sits at least this share above where the run began. AUTOTRAINER calls a loss past 1e5 exploded; a finite climb is caught long before that. Clean runs here never rise by more than 0.01; SGD at 100× its learning rate sits 1.8 to 9 above its start |
     | ``oscillating`` | 0.5 | in a loss window with no trend (a slope within two standard errors of flat), the swings around it are at least this share of the loss's scale (its level, or where it began when that was higher): AUTOTRAINER's unstable loss (swings of ζ = 0.03 accuracy between neighbouring peaks and troughs in η = 0.2 of the epochs), for per-step losses, whose batches swing far more than per-epoch accuracy, so measured against the scale the loss started at: clean runs here stay under 0.25, SGD at 100× its learning rate swings by 0.7 to 5 |
+    | ``label_leak`` | 0.8 | ``leak_direction_auc`` (``Audit(leaks=True)``: how well the cosine of the gradients sent to a trained cut tells who shares a label with an example whose label is known; 0.5 is a guess) is at least this. An undefended U-shape here (``benchmarks/privacy.py``) reads 0.99 to 1 from its first step, ``Protection(gradients=1.0)`` 0.5 to 0.63; 0.8 is well clear of both |
     | ``window`` | 10 | measured steps a layer rule's condition has to hold |
     | ``loss_window`` | 40 | steps a run-level rule reads at once (all of them in a shorter run of at least six) |
     """
@@ -212,7 +215,8 @@ def _found(make: Callable[..., Finding], where: str, measures: dict[str, list[tu
         return _streak(make, what, measure, rule, before(series), threshold, window)
 
     simple = (("dying", "act_zero", ">="), ("saturated", "act_saturated", ">="),
-              ("not_updating", "update_ratio", "<"))
+              ("not_updating", "update_ratio", "<"),
+              ("label_leak", "leak_direction_auc", ">="))
     for what, measure, rule in simple:
         finding = streak(what, measure, rule, measures.get(measure, []), limits[what])
         if finding is not None and what == "not_updating":

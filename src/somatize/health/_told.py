@@ -20,8 +20,10 @@ def findings_told(run: str, facts: list[dict[str, Any]], thresholds: dict[str, f
     if not health and not losses:
         return [f"run {run} has no health facts: {not_audited}"]
     if health:
-        head = (f"run {run}: {len({f['step'] for f in health})} measured steps of "
-                f"{len({f['where'] for f in health})} wheres, {losses} losses")
+        places = len({f['where'] for f in health})
+        head = (f"run {run}: {len({f['step'] for f in health})} measured steps of {places} "
+                f"{'place' if places == 1 else 'places'} (a node, or a layer in one), "
+                f"{losses} losses")
     else:
         head = f"run {run}: {losses} losses and no health facts, so only the loss is judged: {not_audited}"
     changed = {k: v for k, v in thresholds.items() if v != DEFAULTS[k]}

@@ -40,6 +40,16 @@ def smoothed(values: Sequence[float], weight: float) -> list[float | None]:
     return out
 
 
+def _smoothed_as_drawn(values: Sequence[float], weight: float, log: bool) -> list[float | None]:
+    """The moving average in the axis's own terms: of the logarithms on a log axis, where
+    an average of the values is ruled by the largest (a loss gone from 1 to 1e-8 would
+    end smoothed near 1e-2, far above every point it smooths)."""
+    if not log:
+        return smoothed(values, weight)
+    logs = [math.log10(v) if math.isfinite(v) and v > 0 else math.nan for v in values]
+    return [None if m is None else 10 ** m for m in smoothed(logs, weight)]
+
+
 def _check_weight(smoothing: Any) -> float:
     if isinstance(smoothing, bool) or not isinstance(smoothing, (int, float)) \
             or not 0 <= smoothing < 1:
@@ -60,14 +70,15 @@ def curve_figure(xs: Sequence[int], values: Sequence[float], *, name: str = "los
         line={"color": RAW, "width": 1},
         hovertemplate=f"forward %{{x}}<br>{name} %{{y:.6g}}<extra>raw</extra>",
     ))
-    fig.add_trace(graph_objects.Scatter(
-        x=list(xs), y=smoothed(values, weight), mode="lines", name=f"{name} (smoothed {weight:g})",
-        line={"color": SMOOTH, "width": 2.5},
-        hovertemplate="forward %{x}<br>smoothed %{y:.6g}<extra>smoothed</extra>",
-    ))
     finite = [v for v in values if math.isfinite(v)]
     # Losses spread over decades read better on a log axis.
     log = bool(finite) and min(finite) > 0 and max(finite) / min(finite) >= 100
+    fig.add_trace(graph_objects.Scatter(
+        x=list(xs), y=_smoothed_as_drawn(values, weight, log), mode="lines",
+        name=f"{name} (smoothed {weight:g})",
+        line={"color": SMOOTH, "width": 2.5},
+        hovertemplate="forward %{x}<br>smoothed %{y:.6g}<extra>smoothed</extra>",
+    ))
     flat = _flat(finite)
     fig.update_layout(
         title={"text": title, "x": 0.01, "xanchor": "left"}, template="plotly_white", font=FONT,
@@ -76,7 +87,8 @@ def curve_figure(xs: Sequence[int], values: Sequence[float], *, name: str = "los
         xaxis={"title": "forward", "rangemode": "tozero"},
         yaxis={"title": name + (" (log scale)" if log else ""), "type": "log" if log else "linear",
                **({"range": list(flat), "tickformat": ".4~g"} if flat else {}),
-               **({"dtick": 1} if log else {})},  # a label a decade: minor ones crowd it
+               # a label a decade, as a power of ten: minor ones crowd it
+               **({"dtick": 1, "exponentformat": "power"} if log else {})},
     )
     if flat:
         level = (flat[0] + flat[1]) / 2
@@ -171,7 +183,8 @@ def spent(store: Any, run: str) -> Any:
                "yref": "container", "y": 1, "yanchor": "top", "pad": {"t": 16}},
         template="plotly_white", font=FONT, barmode="group", bargap=0.25,
         height=max(360, 210 + 34 * bars), margin={"l": 140, "r": 40, "t": 140, "b": 50},
-        legend={"orientation": "h", "x": 1, "xanchor": "right", "y": 1.0, "yanchor": "bottom"},
+        # to the right of the bars, clear of the titles above them, which it covered
+        legend={"orientation": "v", "x": 1.01, "xanchor": "left", "y": 1.0, "yanchor": "top"},
     )
     fig.update_xaxes(rangemode="tozero", row=1, col=1)
     fig.update_annotations(selector={"text": _NODES_TITLE}, x=0, xanchor="left")

@@ -13,6 +13,7 @@ saying why, since that forward is all it was asked for.
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import threading
@@ -23,9 +24,10 @@ from typing import Any
 from .._errors import CorruptObject, CorruptRecord, RecordError
 from .._version import __version__
 from ..store import Bound
+from ..store._store import answers_unbound
 from ._recorder import EACH, FORMAT, PER_OBJECT, check_run, flush_pending, forward_name
 
-__all__ = ["Run", "Tally", "curve", "damaged", "damaged_reason", "facts", "forwards",
+__all__ = ["Run", "Tally", "batches_begin", "curve", "damaged", "damaged_reason", "facts", "forwards",
            "forwards_of", "nodes", "readable", "run_of", "runs", "tally"]
 
 
@@ -44,19 +46,114 @@ def forwards_of(bound: Any, index: int) -> list[tuple[int, Any]]:
     """``(forward, Bound)`` for each forward one binding at ``index`` holds: itself for a
     record of one forward; for a batch, one Bound a forward, named as that forward
     would be and with that forward's summary as its meta."""
+    return [(index + at, _part(bound, index, at, each))
+            for at, each in enumerate(_summaries(bound))]
+
+
+def _summaries(bound: Any) -> list[Any]:
+    """One entry per forward a binding holds: its summary in a batch, None for a
+    binding that is one forward's record."""
     each = bound.meta.get(EACH) if type(bound.meta) is dict else None
     # A count is what the meta claims, not what the record holds: one past what a Recorder
     # writes in a batch is not a Recorder's, and is not believed (10**12 would be a
     # list of 10**12 Bounds); the binding is then the one forward it is named after.
     if type(each) is int and 0 < each <= PER_OBJECT:  # a batch of a run summarising nothing
-        each = [{}] * each
-    elif type(each) is not list or not 0 < len(each) <= PER_OBJECT:
-        return [(index, bound if type(bound.meta) is dict else
-                 Bound(bound.name, bound.digest, {}, bound.when))]
+        return [{}] * each
+    if type(each) is not list or not 0 < len(each) <= PER_OBJECT:
+        return [None]
+    return each
+
+
+def _part(bound: Any, index: int, at: int, summary: Any) -> Any:
+    """The Bound of the forward ``at`` places into the binding ``bound`` at ``index``."""
+    if summary is None:  # the binding is that forward's own record
+        return bound if type(bound.meta) is dict else Bound(bound.name, bound.digest, {},
+                                                            bound.when)
     stem = bound.name[:bound.name.rfind("/") + 1]
-    return [(index + at, Bound(f"{stem}{index + at}", bound.digest,
-                               summary if type(summary) is dict else {}, bound.when))
-            for at, summary in enumerate(each)]
+    return Bound(f"{stem}{index + at}", bound.digest,
+                 summary if type(summary) is dict else {}, bound.when)
+
+
+def _in_a_batch(store: Any, name: str) -> Any:
+    """The Bound of forward ``n`` for a name ``run/<run>/<n>`` nobody bound, where it is
+    inside a batch bound under an earlier index (as ``forwards_of`` names it); None
+    where no batch holds it. Registered with the store (``answers_unbound``), so that
+    ``store.resolve(f"run/{r.run}/{n}")`` answers every forward, batched or not.
+
+    Where the run's batches begin is remembered from one listing of the run; after
+    that a forward costs one read of the batch that holds it, and a forward past the
+    run's end (what somebody following the run asks for next) one read of the last
+    batch: nothing can start between its end and that forward, or it would be bound."""
+    parts = name.split("/")
+    if len(parts) != 3 or parts[0] != "run" or not (parts[2].isdigit() and parts[2].isascii()):
+        return None
+    if getattr(_looking, "on", False):  # its own read of a batch that is gone: no further
+        return None
+    _looking.on = True
+    try:
+        return _holding(store, parts[1], int(parts[2]))
+    finally:
+        _looking.on = False
+
+
+def _holding(store: Any, run: str, index: int) -> Any:
+    """``_in_a_batch`` for forward ``index`` of ``run``: from the batch known to begin
+    nearest below it, walking on batch by batch (each begins where the last ends), and
+    from one listing of the run where nothing is known or the walk is long."""
+    where = (str(getattr(store, "where", id(store))), run)
+    with _lock:
+        starts = _starts.get(where, [])
+        at = starts[bisect.bisect_right(starts, index) - 1] if starts and starts[0] <= index else None
+    for _ in range(_WALK if at is not None else 0):
+        batch = store.resolve(forward_name(run, at))
+        if batch is None:  # what was remembered is gone: list the run afresh
+            break
+        _begins(where, at)
+        each = _summaries(batch)  # what it holds, told by its meta; one Bound made
+        end = at + len(each)
+        if index < end:
+            return _part(batch, at, index - at, each[index - at])
+        if end == index:  # the next batch would begin here, and this name is not bound
+            return None
+        at = end
+    listed = _indexed_bindings(store.bound(f"run/{run}"), f"run/{run}")
+    with _lock:
+        _starts[where] = [at for at, _ in listed]
+        _starts.move_to_end(where)
+        while len(_starts) > _STARTS_KEPT:
+            _starts.popitem(last=False)
+    for at, batch in reversed(listed):
+        if at <= index:
+            each = _summaries(batch)
+            return _part(batch, at, index - at, each[index - at]) if index - at < len(each) else None
+    return None
+
+
+def _begins(where: tuple[str, str], at: int) -> None:
+    """Remembers that a batch of the run ``where`` names begins at ``at``."""
+    with _lock:
+        starts = _starts.setdefault(where, [])
+        if at not in starts:
+            bisect.insort(starts, at)
+        _starts.move_to_end(where)
+
+
+def batches_begin(store: Any, run: str, indices: Any) -> None:
+    """Says where some of a run's batches begin, as a reader that has read them knows
+    (``web.Following``), so that resolving a forward of the run past them lists
+    nothing: the batch that holds the last is read again instead."""
+    where = (str(getattr(store, "where", id(store))), run)
+    for at in indices:
+        _begins(where, at)
+
+
+def _indexed_bindings(bounds: list[Any], prefix: str) -> list[tuple[int, Any]]:
+    """``(index, binding)`` for each binding ``prefix/<digits>``, by index."""
+    cut = len(prefix) + 1
+    found = [(int(bound.name[cut:]), bound) for bound in bounds
+             if bound.name[cut:].isdigit() and bound.name[cut:].isascii()]
+    found.sort(key=lambda pair: pair[0])
+    return found
 
 
 def _indexed(bounds: list[Any], prefix: str) -> list[tuple[int, Any]]:
@@ -188,6 +285,11 @@ def _parsed(store: Any, bound: Any) -> dict[str, Any]:
 
 
 _lock = threading.Lock()
+# (where, run) -> the indices its batches are bound at, as last listed; most recent last
+_starts: OrderedDict[tuple[str, str], list[int]] = OrderedDict()
+_STARTS_KEPT = 256
+_WALK = 8  # batches walked on, one read each, before the run is listed instead
+_looking = threading.local()  # .on while this thread looks for the batch holding a forward
 _recent: dict[str, dict[str, Any]] = {}  # digest -> record: a digest names the bytes for good
 # (store, name, digest) -> why that record could not be read. Kept by digest too, so a
 # name bound again to a good record is no longer said to be damaged.
@@ -430,3 +532,6 @@ def curve(store: Any, run: str, fact: str = "loss", *, field: str = "value") -> 
     field="took_us")``). Summarised facts are read from names alone.
     """
     return [value for _, value in points(store, run, fact, field)]
+
+
+answers_unbound(_in_a_batch)

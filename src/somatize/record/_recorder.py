@@ -5,7 +5,10 @@ says after the engine's ``finished`` (``loss``, ``updated``) lands in the forwar
 belongs to. A writer thread writes the forwards that finished as one batch at most a
 quarter second after the first of them did, bound as ``run/{run}/{i}`` for the batch's
 first forward; ``flush()``, ``close()`` and the end of the interpreter write whatever
-is left. A read of a run's names through any Store of this process (``resolve``,
+is left. The name of every forward resolves all the same: ``store.resolve`` answers a
+forward inside a batch with the batch's part that is that forward (``record._read``
+registers how), so ``store.resolve(f"run/{r.run}/{n}")`` is forward ``n``'s record for
+every ``n``, however the forwards were batched. A read of a run's names through any Store of this process (``resolve``,
 ``bound``, and so ``somatize.record`` and ``somatize.health``) has the Recorders of
 that run and store write what they hold first, so what was said here is read here; a
 reader elsewhere sees a batch whole or not at all, at most about half a second behind.

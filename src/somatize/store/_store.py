@@ -39,7 +39,7 @@ from .._optional import optional
 from .backend import Backend
 from .local import DirectoryBackend, translated
 
-__all__ = ["Bound", "Store", "before_reading", "check_name"]
+__all__ = ["Bound", "Store", "answers_unbound", "before_reading", "check_name"]
 
 MAX_NAME = 1000  # UTF-8 bytes: with a short prefix, still a valid S3 key (1024 bytes)
 
@@ -61,6 +61,20 @@ def before_reading(hook: Callable[[Store, str | None], None]) -> None:
     ``None`` for every name) read through any Store of this process. It must be cheap
     for a name it has nothing for: it runs on every read."""
     _readers_first.append(hook)
+
+
+# Asked, in order, for a name nobody bound, before ``resolve`` answers None: a layer above
+# that binds several names as one object (a Recorder's batch of forwards, under the
+# first one's name) answers the binding that stands for this one, so that every name it
+# promised resolves, however it was laid out.
+_standing_in: list[Callable[[Store, str], Bound | None]] = []
+
+
+def answers_unbound(hook: Callable[[Store, str], Bound | None]) -> None:
+    """Has ``hook(store, name)`` answer ``resolve(name)`` where ``name`` itself is not
+    bound (None: it has nothing for it). Only names a store does not have reach it, so
+    it costs nothing where they are bound; it must be cheap for a name not its own."""
+    _standing_in.append(hook)
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,13 +290,21 @@ class Store:
                           record, writing=True)
 
     def resolve(self, name: str) -> Bound | None:
-        """What ``name`` is bound to, or None if it is not bound."""
+        """What ``name`` is bound to, or None if it is not bound. A name a layer above
+        binds as part of another (a forward in a Recorder's batch) answers that part:
+        see ``answers_unbound``."""
         check_name(name)
         for hook in _readers_first:
             hook(self, name)
         record = translated(self._backend.where, "read the name {0!r}",
                             self._backend.read_name, name)
-        return None if record is None else self._bound(name, record)
+        if record is not None:
+            return self._bound(name, record)
+        for hook in _standing_in:
+            found = hook(self, name)
+            if found is not None:
+                return found
+        return None
 
     def bound(self, prefix: str | None = None) -> list[Bound]:
         """Every name bound, sorted by name; with ``prefix``, only that name and the

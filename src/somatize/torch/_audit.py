@@ -39,7 +39,8 @@ __all__ = ["MEASURES", "Audit", "audit_for"]
 #: The names a ``health`` fact may carry besides ``fact``, ``where`` and ``step``.
 MEASURES = ("act_mean", "act_std", "act_zero", "act_saturated", "grad_norm", "grad_mean",
             "grad_std", "nonfinite", "weight_norm", "update_ratio", "update_norm",
-            "dead_channels", "channels", "act_hist", "grad_hist")
+            "dead_channels", "channels", "act_hist", "grad_hist", "leak_norm_auc",
+            "leak_direction_auc", "input_dcor")
 
 
 class Audit:
@@ -53,6 +54,9 @@ class Audit:
     directly, as ``architecture`` lists it at depth 0), a depth, ``architecture``'s
     answer, ``{node: [path, ...]}`` or ``["node.path", ...]`` — at most ``most`` per
     node. Refused when watching: a group or path that names nothing there.
+    ``leaks``: also measure what a worker could learn from what each trained cut is
+    sent — the label-leak AUCs of the gradients and the distance correlation of the
+    activations with the input (``_privacy``), taken by the Trainer where the labels are.
     """
 
     #: ``weight_norm`` and ``update_ratio`` of a tensor larger than this are read off a
@@ -62,7 +66,7 @@ class Audit:
 
     def __init__(self, *, every: int = 1, snapshot: int = 50, channels: bool = False,
                  groups: Mapping[str, Mapping[str, Iterable[int]]] | None = None,
-                 window: int = 20, inside: Any = None, most: int = 32):
+                 window: int = 20, inside: Any = None, most: int = 32, leaks: bool = False):
         self.every = whole_number(every, "every", of="Audit")
         self.snapshot = whole_number(snapshot, "snapshot", of="Audit")
         self.window = whole_number(window, "window", of="Audit")
@@ -70,6 +74,9 @@ class Audit:
         if not isinstance(channels, bool):
             raise TypeError(f"Audit: channels= is True or False, not {channels!r}")
         self.channels = channels
+        if not isinstance(leaks, bool):
+            raise TypeError(f"Audit: leaks= is True or False, not {leaks!r}")
+        self.leaks = leaks
         self.groups = _groups(groups)
         self.inside = inside
         self._graph: Any = None
@@ -210,6 +217,11 @@ class Audit:
     # -- the step ---------------------------------------------------------------------
     def _measuring(self) -> bool:
         return (self._step - 1) % self.every == 0
+
+    @property
+    def measuring(self) -> bool:
+        """Whether the step under way (until ``observed``) is a measured one."""
+        return self._measuring()
 
     def _restart(self, arm: bool) -> None:
         self.armed = arm and self._measuring() and self._graph is not None

@@ -53,12 +53,6 @@ def check_trains(graph: Graph, trains: Any, optimizer: Any,
             raise DeclarationError(
                 f"node {node_id!r} ({type(impl).__qualname__}) is trained but does not say "
                 "what its parameters are; give it a parameters() method answering its tensors")
-        producers = graph.predecessors(node_id)
-        if len(producers) > 1:
-            raise DeclarationError(
-                f"node {node_id!r} is trained and has {len(producers)} producers "
-                f"({', '.join(map(repr, producers))}); a trainer hands one gradient back, so "
-                "join them in a node of their own first")
         if learning.shared is not None and node_id not in graph.hosts():
             warnings.warn(
                 f"node {node_id!r} is trained shared={learning.shared!r} and runs here, where "
@@ -146,6 +140,24 @@ def grad_mark(parameter: Any) -> Any:
     return None if grad is None else (id(grad), grad._version)
 
 
+def check_devices(graph: Graph) -> None:
+    """A node ``.on()`` a CUDA device, here, where torch sees none: its forward either
+    ignores ``ctx.device`` and trains on the CPU unsaid, or uses it and fails with
+    torch's own words, which do not name the node. Said once, before anything runs;
+    a node on a worker is left to the worker, whose machine may have one."""
+    if torch.cuda.is_available():
+        return
+    here = {node: device for node, device in graph.devices().items()
+            if node not in graph.hosts() and str(device).startswith("cuda")}
+    for node, device in here.items():
+        warnings.warn(
+            f"node {node!r} is .on({device!r}), and torch {torch.__version__} sees no CUDA "
+            "device on this machine: a forward that ignores ctx.device runs on the CPU, one "
+            "that uses it fails (\"Torch not compiled with CUDA\"). Run it where "
+            "torch.cuda.is_available() is True, put it on such a worker (.at(host)), or "
+            "drop .on(...) to train on the CPU here", UserWarning, stacklevel=outside_somatize())
+
+
 def warn_unheld(unheld: dict[str, list[Any]]) -> None:
     """Once, at the first update: parameters the optimizer does not hold that got a
     gradient anyway. Never for those no gradient reaches by construction (above a
@@ -207,6 +219,15 @@ def check_gradients(graph: Graph, optimizer: Any) -> None:
              if any(id(p) in missing for p in held(graph.implementation(n), n))]
     where = (f"node(s) {', '.join(map(repr, nodes))}" if nodes
              else "parameters that belong to no node of this graph")
+    placed = {node: host for node, host in graph.hosts().items() if node in nodes}
+    if placed:  # its forward and backward run there: no gradient comes back to these copies
+        node, host = next(iter(placed.items()))
+        raise NoGradient(
+            f"{len(missing)} parameter(s) the optimizer holds got no gradient, from "
+            f"{where}: {', '.join(f'{n!r} runs on {h!r}' for n, h in placed.items())} "
+            "(.at), so its parameters are trained there, not by the optimizer here; "
+            f"give it a trainer where it runs, trains={{{node!r}: Split(torch.optim.SGD, "
+            f"lr=...)}}, and leave it out of this optimizer: parameters(g, without=trains)")
     raise NoGradient(
         f"{len(missing)} parameter(s) the optimizer holds got no gradient over a whole "
         f"group, from {where}: their output does not reach the loss (detached, converted "

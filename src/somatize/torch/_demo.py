@@ -1,4 +1,4 @@
-"""``somatize demo``: the whole job of the library in one run of a minute or so.
+"""``somatize demo``: the whole job of the library in one run of about 20 s.
 
 A graph of three nodes — an encoder that is frozen and cached, a body sent to a
 worker this process spawns and trained there by ``Split``, a head trained here — is
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import shutil
 import sys
 import time
 from typing import Any
@@ -35,6 +36,7 @@ from ._weights import parameters
 __all__ = ["main"]
 
 FEATURES, HIDDEN, CLASSES = 32, 64, 4
+TAKES = "about 20 s on two cores"  # 11-23 s measured, torch's import included; README says so
 
 
 class Encoder(Node):
@@ -100,7 +102,9 @@ def build() -> Graph:
 
 def main(argv: list[str] | None = None) -> int:
     """Runs the demo; answers the process's exit code."""
-    parser = argparse.ArgumentParser(prog="somatize demo", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="somatize demo", description=(
+        f"The whole job of the library in one run of {TAKES}: train a graph split "
+        "between this process and a worker it starts, record, audit and report."))
     parser.add_argument("--store", default="demo-store", help="where the run is kept")
     parser.add_argument("--steps", type=int, default=320, help="how many training steps")
     parser.add_argument("--report", default="demo-report.html", help="the report to write")
@@ -155,7 +159,25 @@ def report(store: Store, run: str, history: list[float], inside: Any, path: str,
     health.report(store, run, path, graph=g, inside=inside)  # the graph as it ran, opened
     say(f"report: {os.path.abspath(path)} (opens offline)   done in {took:.0f} s")
     say(f"the worker's log: {os.path.join(os.path.abspath(store.where), 'worker.log')}")
-    say(f"to look at it in a browser: somatize serve {shlex.quote(os.path.abspath(store.where))}")
+    somatize = command()
+    if somatize.endswith("/somatize"):  # installed, but not on this shell's PATH
+        say(f"(`. {os.path.dirname(somatize)}/activate` once, and `somatize` alone will do)")
+    say(f"to look at it in a browser: {somatize} serve {shlex.quote(os.path.abspath(store.where))}")
+
+
+def command() -> str:
+    """How to call this installation's ``somatize`` so that it works as printed: its bare
+    name where the shell's PATH finds this very script, else its path (relative where it
+    lies under the working directory, as ``.venv/bin/somatize`` after ``make``), else
+    ``python -m somatize`` with this interpreter."""
+    beside = os.path.join(os.path.dirname(sys.executable), "somatize")  # no realpath: a venv's
+    if not os.path.isfile(beside):                                        # python is a link
+        return f"{shlex.quote(sys.executable)} -m somatize"
+    found = shutil.which("somatize")
+    if found and os.path.samefile(found, beside):
+        return "somatize"
+    near = os.path.relpath(beside)
+    return shlex.quote(beside if near.startswith("..") else near)
 
 
 def _mean(values: list[float]) -> float:

@@ -27,7 +27,6 @@ store, and parts are read by the digest that was checked, never by name again.
 
 from __future__ import annotations
 
-import copy
 import functools
 import hashlib
 import hmac
@@ -37,194 +36,29 @@ import os
 import socket
 import time
 import warnings
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from numbers import Real
 from typing import Any
 
 import torch
 
 from .._codec import dumps, loads
-from .._errors import BadName, DeclarationError, StoreError
+from .._errors import BadName, StoreError
 from ..store import Bound, Store
 from ..store._store import check_name
+from ._aggregate import Export, _averaged, _check_export, fedavg
+from ._watch import reader
 
-__all__ = ["fedavg", "gather"]
-
-Export = dict[str, dict[str, Any]]
-
-
-# -- the arithmetic ----------------------------------------------------------------------
-def fedavg(exports: Iterable[Mapping[str, Mapping[str, Any]]],
-           sizes: Sequence[float] | None = None) -> Export:
-    """The weighted average of several exports, weight for weight: FedAvg.
-
-    ``sizes`` (how much data each export was trained on; any positive numbers) weigh
-    them, and without it they weigh the same. Only floating-point (and complex) tensors
-    are averaged; anything else — a ``num_batches_tracked`` is a count, and the mean
-    of two counts is not one — is copied from the first export.
-
-    The sum is taken in place, one export at a time, in the tensors' own precision
-    (float32 and float64 as they are; half precision in float32, where a weighted sum
-    would overflow or round away the smaller clients), then divided by the total
-    weight, as Flower does. So the answer is one new export and never more: hand it a
-    generator and it holds no export but the one it is adding. Exports that disagree
-    on nodes, keys, shapes or dtypes are refused, naming which.
-    """
-    weights = _sizes(sizes)
-    if weights is not None and isinstance(exports, Sequence) and len(exports) != len(weights):
-        raise ValueError(f"fedavg() got {len(exports)} exports and {len(weights)} sizes; give "
-                         "one size per export")
-    total, result, first = 0.0, None, None
-    at = 0  # counted by hand: enumerate() keeps the export it last gave in its own tuple
-    for export in exports:
-        if weights is not None and at >= len(weights):
-            raise ValueError(f"fedavg() got more exports than the {len(weights)} sizes given; "
-                             "give one size per export")
-        weight = 1.0 if weights is None else weights[at]
-        _check_export(export, f"export {at}")
-        if first is None:
-            first, result = _layout(export), _started(export, weight)
-        else:
-            _check_alike(first, export, at)
-            _accumulate(result, export, weight)
-        total += weight
-        at += 1
-        del export  # let it go before the next one is made, if it comes from a generator
-    if at == 0:
-        raise ValueError("fedavg() was given no exports; average at least one")
-    if weights is not None and at != len(weights):
-        raise ValueError(f"fedavg() got {at} exports and {len(weights)} sizes; give one "
-                         "size per export")
-    return _finished(result, first, total)
-
-
-def _sizes(sizes: Any) -> list[float] | None:
-    if sizes is None:
-        return None
-    if isinstance(sizes, (str, bytes, Mapping)) or not isinstance(sizes, Iterable):
-        raise TypeError(f"sizes= is a sequence of numbers, one per export, not a "
-                        f"{type(sizes).__qualname__}")
-    sizes = list(sizes)
-    for at, size in enumerate(sizes):
-        if isinstance(size, bool) or not isinstance(size, Real):
-            raise TypeError(f"sizes[{at}] is a {type(size).__qualname__}; a size is a number "
-                            "(how many samples that export was trained on)")
-        if not (math.isfinite(size) and size > 0):
-            raise ValueError(f"sizes[{at}] is {size!r}; a size is a positive, finite number — "
-                             "leave out an export that saw no data rather than weigh it 0")
-    return [float(size) for size in sizes]
-
-
-def _averaged(value: Any) -> bool:
-    return isinstance(value, torch.Tensor) and (value.is_floating_point() or value.is_complex())
-
-
-def _summed_in(dtype: torch.dtype) -> torch.dtype:
-    return torch.promote_types(dtype, torch.complex64 if dtype.is_complex else torch.float32)
-
-
-def _check_export(export: Any, what: str) -> None:
-    if not isinstance(export, Mapping):
-        raise TypeError(f"{what} is a {type(export).__qualname__}; an export is "
-                        "{node: {key: tensor}}, as Trainer.export() gives it")
-    for node, weights in export.items():
-        if not isinstance(weights, Mapping):
-            raise TypeError(f"{what}, node {node!r}: its weights are a "
-                            f"{type(weights).__qualname__}, not {{key: tensor}}")
-
-
-def _layout(export: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """What every other export has to match: per node and key, (shape, dtype) or a type."""
-    return {node: {key: (tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else type(v)
-                   for key, v in weights.items()} for node, weights in export.items()}
-
-
-def _check_alike(first: dict[str, dict[str, Any]], export: Mapping, at: int) -> None:
-    """Refuses an export that is not laid out as export 0 is, naming what differs."""
-    if set(export) != set(first):
-        raise DeclarationError(_differ(f"export {at}", "node", list(first), list(export)))
-    for node, layout in first.items():
-        weights = export[node]
-        if set(weights) != set(layout):
-            raise DeclarationError(_differ(f"export {at}, node {node!r}", "key", list(layout),
-                                           list(weights)))
-        for key, expected in layout.items():
-            value = weights[key]
-            if not isinstance(expected, tuple):
-                if isinstance(value, torch.Tensor):
-                    raise DeclarationError(f"node {node!r}, key {key!r}: export 0 holds a "
-                                           f"{expected.__qualname__} and export {at} a tensor")
-                continue
-            if not isinstance(value, torch.Tensor):
-                raise DeclarationError(f"node {node!r}, key {key!r}: export 0 holds a tensor "
-                                       f"and export {at} a {type(value).__qualname__}")
-            shape, dtype = expected
-            if tuple(value.shape) != shape:
-                raise DeclarationError(
-                    f"node {node!r}, key {key!r}: export 0 has shape {shape} and export {at} "
-                    f"has {tuple(value.shape)}; only exports of models built alike average")
-            if value.dtype != dtype:
-                raise DeclarationError(
-                    f"node {node!r}, key {key!r}: export 0 is {dtype} and export {at} is "
-                    f"{value.dtype}; convert them to one dtype before averaging")
-
-
-def _differ(where: str, what: str, expected: list[str], found: list[str]) -> str:
-    missing = [n for n in expected if n not in found]
-    extra = [n for n in found if n not in expected]
-    said = []
-    if missing:
-        said.append(f"lacks the {what}s {', '.join(map(repr, missing[:5]))}")
-    if extra:
-        said.append(f"has the {what}s {', '.join(map(repr, extra[:5]))}, which export 0 lacks")
-    return f"{where} {' and '.join(said)}; only exports of models built alike average"
-
-
-def _started(export: Mapping[str, Mapping[str, Any]], weight: float) -> Export:
-    """The running sum, made from the first export: its tensors weighted, copied once."""
-    result: Export = {}
-    for node, weights in export.items():
-        result[node] = {}
-        for key, value in weights.items():
-            if _averaged(value):
-                total = value.detach().to(_summed_in(value.dtype), copy=True)
-                result[node][key] = total.mul_(weight) if weight != 1.0 else total
-            elif isinstance(value, torch.Tensor):
-                result[node][key] = value.detach().clone()
-            else:
-                result[node][key] = copy.deepcopy(value)
-    return result
-
-
-@torch.no_grad()
-def _accumulate(result: Export, export: Mapping[str, Mapping[str, Any]], weight: float) -> None:
-    for node, weights in result.items():
-        given = export[node]
-        for key, total in weights.items():
-            value = given[key]
-            if _averaged(value):
-                # add_ with alpha multiplies and adds in one pass, with no temporary.
-                total.add_(value.detach().to(total.device), alpha=weight)
-
-
-def _finished(result: Export, first: dict[str, dict[str, Any]], total: float) -> Export:
-    for node, weights in result.items():
-        for key, value in weights.items():
-            if _averaged(value):
-                value.div_(total)
-                dtype = first[node][key][1]
-                if value.dtype != dtype:
-                    weights[key] = value.to(dtype)
-    return result
+__all__ = ["gather"]
 
 
 # -- the round ---------------------------------------------------------------------------
 class _Round:
     """The names one round is kept under."""
 
-    def __init__(self, run: str, round: int):
+    def __init__(self, run: str, round: int, stage: str | None = None):
         self.run, self.round = run, round
-        self.base = f"fed/{run}/{round}"
+        self.base = f"fed/{run}/{round}" if stage is None else f"fed/{run}/{stage}/{round}"
         self.average = f"{self.base}/average"
 
     def client(self, k: int) -> str:
@@ -271,22 +105,41 @@ class _Turns:
 def gather(store: Store, what: Mapping[str, Mapping[str, Any]], *, run: str, round: int,
            clients: int, mine: int, size: float | None = None, within: float = 600.0,
            asking: float = 1.0, lease: float | None = None,
-           secret: str | bytes | None = None, nonfinite: str = "refuse") -> Export:
+           secret: str | bytes | None = None, nonfinite: str = "refuse",
+           aggregate: Callable[..., Export] | None = None, server: Any = None,
+           quorum: int | None = None, start: Mapping[str, Mapping[str, Any]] | None = None,
+           privacy: Any = None) -> Export:
     """Keeps this client's export for the round, waits for the other clients', and
     answers the round's average, which every client gets bit for bit the same.
 
     ``run`` names the training run (one name part), ``round`` counts from 0,
     ``clients`` is how many take part and ``mine`` which one this is, from 0. ``size``
     weighs this export (how many samples it saw): all clients give one or none does.
-    The store is asked every ``asking`` seconds; after ``within`` seconds a
-    ``TimeoutError`` names the clients that never turned up, or who claimed the
-    averaging and never finished it.
+    The store is read by one thread per process for every client waiting there, soon
+    after something changed and ever more rarely while nothing does, never less often
+    than every ``asking`` seconds; after ``within`` seconds a ``TimeoutError`` names the
+    clients that never turned up, or who claimed the averaging and never finished it.
 
     Asked again for a round it already took part in — a restarted client — it answers
     the same average; the export it kept the first time is the one that counts. An
     averager that is quiet for ``lease`` seconds (default ``max(5 * asking, 10)``) is
     taken over by the next client to notice, so a crash between claiming the
     averaging and writing it costs a lease, not the round.
+
+    How the parts are combined: ``aggregate`` (default ``fedavg``; or ``fedmedian``,
+    ``fedtrimmedavg``, ``krum``, ``bulyan``, or any function of ``(exports, sizes)``);
+    ``privacy`` (a ``ClientPrivacy``) clips each client's update and noises their
+    mean instead; then ``server`` (``FedAvgM``, ``FedAdam``, ``FedYogi``,
+    ``FedAdagrad``) takes the result as a step from the round's start, with its state
+    carried from round to round in the store. Both need the weights the round started
+    from: the previous round's average, or in the first round ``start=``.
+
+    ``quorum=k`` lets a round close without everybody: once ``within`` has passed
+    with at least k parts kept, the first client to notice averages those, and a
+    ``UserWarning`` names the clients that were missing. A part kept after that is in
+    no average (its client is warned and gets the closed round's average, as a client
+    that turns up late does); the client then joins the next round. It waits for the
+    averager up to ``within + lease``.
 
     ``secret`` (a str or bytes every client of the run is given; ``secrets.token_urlsafe
     (32)`` makes a good one) signs this client's part and the average it may write,
@@ -301,50 +154,174 @@ def gather(store: Store, what: Mapping[str, Mapping[str, Any]], *, run: str, rou
     and another's before anything is averaged. ``nonfinite="warn"`` warns the same and
     averages it all the same.
     """
+    return through(store, what, run=run, round=round, stage=None, clients=clients,
+                   mine=mine, size=size, within=within, asking=asking, lease=lease,
+                   secret=secret, nonfinite=nonfinite, aggregate=aggregate, server=server,
+                   quorum=quorum, start=start, privacy=privacy)
+
+
+def through(store: Store, what: Mapping[str, Mapping[str, Any]], *, run: str, round: int,
+            stage: str | None, clients: int, mine: int, size: float | None, within: float,
+            asking: float, lease: float | None, secret: str | bytes | None, nonfinite: str,
+            aggregate: Any, server: Any, quorum: int | None, start: Any,
+            privacy: Any) -> Export:
+    """gather's round, under ``fed/{run}/{round}`` or, with a ``stage`` (such as
+    ``"evaluate"``), under ``fed/{run}/{stage}/{round}``; everything checked before
+    anything is kept. What ``evaluate`` shares with ``gather``."""
     lease = _checked(store, what, run, round, clients, mine, size, within, asking, lease)
-    if nonfinite not in ("refuse", "warn"):
-        raise ValueError(f"nonfinite={nonfinite!r} is refused: it is 'refuse' (a part "
-                         "holding NaN or inf is refused) or 'warn' (it is averaged, with a "
-                         "warning)")
+    how = _How(aggregate, server, quorum, privacy, clients, nonfinite)
     key = None if secret is None else _key(_secret(secret), run)
-    names = _Round(run, round)
+    return _through(store, what, _Round(run, round, stage), clients, mine, size, within,
+                    asking, lease, key, how, start)
+
+
+def _through(store: Store, what: Mapping[str, Mapping[str, Any]], names: _Round,
+             clients: int, mine: int, size: float | None, within: float, asking: float,
+             lease: float, key: bytes | None, how: _How, start: Any) -> Export:
+    """One round under ``names``, checked already: keep this part, wait, average."""
+    run, round = names.run, names.round
     deadline = time.monotonic() + within
-    answer = _answer(store, names, key)
-    if answer is not None:
-        return answer
-    _finite(what, mine, run, round, nonfinite)  # before it is kept, where it would count
+    bound = _answer_bound(store, names, key)
+    if bound is not None:
+        return _taken(store, bound, mine, run, round)
+    if how.needs_start:
+        start = _start(store, names, start, key)
+    _finite(what, mine, run, round, how.nonfinite)  # before it is kept, where it would count
     written = dumps(what)  # first: what has no codec is refused before anything is put
     who = f"{socket.gethostname()}/{os.getpid()}"
     me = (store.put(who.encode()), {"client": mine, "by": who})
+    watch = reader(store, names.base)
     part = store.put(written)
     store.claim(names.client(mine), part, _signed(key, names.client(mine), part, {
         "client": mine, "clients": clients, "size": size, "by": who}))
+    watch.add(store.resolve(names.client(mine)))
     seen: dict[int, Bound] = {}
     turns = _Turns()
-    while True:
-        answer = _answer(store, names, key)
-        if answer is not None:
-            return answer
-        _look(store, names, clients, seen, key)
-        if len(seen) == clients:
-            sizes = _agreed(seen, clients, run, round)
-            if turns.take(store, names, lease, me):
-                return _average(store, names, seen, sizes, who, turns.turn, key, nonfinite)
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError(_late(store, names, run, round, clients, seen, turns, within))
-        time.sleep(min(asking, left))
+    wanted = [names.average] + [names.client(k) for k in range(clients)]
+    with watch.waiting(asking, wanted):
+        while True:
+            listed, version = watch.names()
+            bound = listed.get(names.average)
+            if bound is not None:
+                return _taken(store, _checked_mac(store, bound, key), mine, run, round)
+            _look(store, names, clients, listed, seen, key)
+            now = time.monotonic()
+            if how.quorum is not None and now >= deadline and len(seen) < clients:
+                # the reader stops at the first missing part; closing needs them all
+                _look(store, names, clients, _resolved(store, names, clients, seen), seen,
+                      key)
+            closing = how.quorum is not None and now >= deadline and len(seen) >= how.quorum
+            if len(seen) == clients or closing:
+                sizes = _agreed(seen, clients, run, round)
+                if turns.take(store, names, lease, me):
+                    average = _average(store, names, seen, sizes, who, turns.turn, key, how,
+                                       start)
+                    watch.add(store.resolve(names.average))
+                    return average
+            give_up = deadline if how.quorum is None or len(seen) < how.quorum \
+                else deadline + lease
+            if now >= give_up:
+                _look(store, names, clients, _resolved(store, names, clients, seen), seen,
+                      key)  # name only the clients that are truly missing
+                raise TimeoutError(_late(store, names, run, round, clients, seen, turns,
+                                         within))
+            wake = deadline if how.quorum is not None and now < deadline else give_up
+            watch.wait(version, max(0.0, min(asking, wake - now)))
 
 
-def _look(store: Store, names: _Round, clients: int, seen: dict[int, Bound],
-          key: bytes | None) -> None:
+class _How:
+    """How a round combines its parts, checked before anything is kept."""
+
+    def __init__(self, aggregate: Any, server: Any, quorum: Any, privacy: Any,
+                 clients: int, nonfinite: str):
+        if nonfinite not in ("refuse", "warn"):
+            raise ValueError(f"nonfinite={nonfinite!r} is refused: it is 'refuse' (a part "
+                             "holding NaN or inf is refused) or 'warn' (it is averaged, with "
+                             "a warning)")
+        if aggregate is not None and not callable(aggregate):
+            raise TypeError(f"aggregate= is a {type(aggregate).__qualname__}; give a function "
+                            "of (exports, sizes), such as fedmedian")
+        if server is not None and not callable(getattr(server, "step", None)):
+            raise TypeError(f"server= is a {type(server).__qualname__}, which has no step(); "
+                            "give FedAvgM, FedAdam, FedYogi or FedAdagrad")
+        if privacy is not None and not callable(getattr(privacy, "average", None)):
+            raise TypeError(f"privacy= is a {type(privacy).__qualname__}; give a "
+                            "ClientPrivacy(clip=..., noise=...)")
+        if privacy is not None and aggregate is not None:
+            raise ValueError("privacy= averages the clipped updates itself, with equal "
+                             "weight, which is what its noise is scaled to; leave out "
+                             "aggregate= (a robust rule would change what one client can move)")
+        if quorum is not None and (type(quorum) is not int or not 1 <= quorum <= clients):
+            raise ValueError(f"quorum={quorum!r} is refused: it is how many of the {clients} "
+                             f"clients' parts close a round after within=, 1 to {clients}")
+        self.aggregate, self.server, self.privacy = aggregate, server, privacy
+        self.quorum, self.nonfinite = quorum, nonfinite
+        self.needs_start = server is not None or privacy is not None
+
+
+def _before(store: Store, names: _Round, key: bytes | None) -> Bound | None:
+    """The average of the round before, checked as this round's would be."""
+    if names.round == 0:
+        return None
+    bound = store.resolve(_Round(names.run, names.round - 1).average)
+    return None if bound is None else _checked_mac(store, bound, key)
+
+
+def _start(store: Store, names: _Round, start: Any, key: bytes | None) -> Any:
+    """The weights the round began from: the last round's average, or ``start=``."""
+    before = _before(store, names, key)
+    if before is not None:
+        return _value(store, before)
+    if start is None:
+        raise ValueError(
+            f"round {names.round} of run {names.run!r} has no round before it in the store, "
+            "and server= and privacy= step from the weights the round started from: give "
+            "them as start= (the same weights every client began with)")
+    _check_export(start, "start=")
+    return start
+
+
+def _taken(store: Store, bound: Bound, mine: int, run: str, round: int) -> Export:
+    """The round's average; a client whose part is not in it is told so."""
+    parts = bound.meta.get("parts")
+    if parts is not None and mine not in parts:
+        warnings.warn(
+            f"round {round} of run {run!r} closed without client {mine}'s part (it averaged "
+            f"clients {_listed(parts)}); client {mine} takes that average and joins the "
+            "next round", UserWarning, stacklevel=3)
+    return _value(store, bound)
+
+
+def _listed(clients: Iterable[int]) -> str:
+    return ", ".join(map(str, clients))
+
+
+def _look(store: Store, names: _Round, clients: int, listed: Mapping[str, Bound],
+          seen: dict[int, Bound], key: bytes | None) -> None:
     """Adds the clients whose part is now kept; once kept (and checked), a part is
     read by that digest, whatever the name is bound to later."""
     for k in range(clients):
         if k not in seen:
-            bound = store.resolve(names.client(k))
+            bound = listed.get(names.client(k))
             if bound is not None:
                 seen[k] = _checked_mac(store, bound, key)
+
+
+def _resolved(store: Store, names: _Round, clients: int,
+              seen: dict[int, Bound]) -> dict[str, Bound]:
+    """Every client's part not yet seen that is kept, read from the store now."""
+    found = {}
+    for k in range(clients):
+        if k not in seen:
+            bound = store.resolve(names.client(k))
+            if bound is not None:
+                found[bound.name] = bound
+    return found
+
+
+def _answer_bound(store: Store, names: _Round, key: bytes | None) -> Bound | None:
+    bound = store.resolve(names.average)
+    return None if bound is None else _checked_mac(store, bound, key)
 
 
 def _answer(store: Store, names: _Round, key: bytes | None) -> Export | None:
@@ -418,7 +395,8 @@ def _checked_mac(store: Store, bound: Bound, key: bytes | None) -> Bound:
 
 
 def _agreed(seen: dict[int, Bound], clients: int, run: str, round: int) -> list[float] | None:
-    """The sizes to weigh by, once every client's part is in: all given, or none."""
+    """The sizes to weigh by, once the parts that close the round are in: all given, or
+    none."""
     for k, bound in sorted(seen.items()):
         if bound.meta.get("clients") != clients:
             raise ValueError(
@@ -428,8 +406,8 @@ def _agreed(seen: dict[int, Bound], clients: int, run: str, round: int) -> list[
     sizes = {k: bound.meta.get("size") for k, bound in seen.items()}
     unsized = sorted(k for k, size in sizes.items() if size is None)
     if not unsized:
-        return [sizes[k] for k in range(clients)]
-    if len(unsized) == clients:
+        return [sizes[k] for k in sorted(seen)]
+    if len(unsized) == len(seen):
         return None
     raise ValueError(
         f"round {round} of run {run!r}: clients {unsized} gave no size= and the others "
@@ -437,22 +415,58 @@ def _agreed(seen: dict[int, Bound], clients: int, run: str, round: int) -> list[
 
 
 def _average(store: Store, names: _Round, seen: dict[int, Bound], sizes: list[float] | None,
-             who: str, turn: int, key: bytes | None, nonfinite: str) -> Export:
-    """Averages the round, one part in memory at a time, and writes it unless somebody
-    already has; answers what was written first."""
+             who: str, turn: int, key: bytes | None, how: _How, start: Any) -> Export:
+    """Averages the parts in ``seen`` (one in memory at a time, for a plain fedavg),
+    and writes the answer unless somebody already has; answers what was written first."""
+    taken = sorted(seen)
+    clients = seen[taken[0]].meta["clients"]
 
     def parts() -> Iterator[Any]:
-        for k in range(len(seen)):
+        for k in taken:
             part = _value(store, seen[k])
-            _finite(part, k, names.run, names.round, nonfinite)
+            _finite(part, k, names.run, names.round, how.nonfinite)
             yield part
 
-    average = fedavg(parts(), sizes)
+    meta: dict[str, Any] = {"clients": len(seen), "sizes": sizes, "by": who, "turn": turn,
+                            "parts": taken}
+    before = _before(store, names, key)
+    if how.privacy is not None:
+        average = how.privacy.average(start, list(parts()), names.run, names.round)
+        meta["privacy"] = how.privacy.spent(
+            [] if before is None else before.meta.get("privacy", {}).get("rounds", []),
+            len(taken), clients)
+    elif how.aggregate is None:
+        average = fedavg(parts(), sizes)  # looked up here, so a test may stand in for it
+    else:
+        average = how.aggregate(list(parts()), sizes)
+    if how.server is not None:
+        state = None
+        if before is not None and "server" in before.meta:
+            state = loads(_blob(store, before.meta["server"], before.name),
+                          f"the server state of {before.name!r}")
+        average, state = how.server.step(start, average, state)
+        meta["server"] = store.put(dumps(state))
+        meta["optimizer"] = type(how.server).__name__
     digest = store.put(dumps(average))
-    meta = {"clients": len(seen), "sizes": sizes, "by": who, "turn": turn}
     if store.claim(names.average, digest, _signed(key, names.average, digest, meta)):
+        missing = [k for k in range(clients) if k not in seen]
+        if missing:
+            warnings.warn(
+                f"round {names.round} of run {names.run!r} closed at its quorum without "
+                f"client{'s' if len(missing) > 1 else ''} {_listed(missing)}: the average is "
+                f"of clients {_listed(taken)} ({len(taken)} of {clients})", UserWarning,
+                stacklevel=3)
         return average
     return _answer(store, names, key)  # a predecessor woke up and finished first
+
+
+def _blob(store: Store, digest: str, name: str) -> bytes:
+    blob = store.get(digest)
+    if blob is None:
+        raise StoreError(f"{name} names {digest} as its server state, which {store.where} does "
+                         "not have; the server step cannot continue — remove the name and run "
+                         "the round again")
+    return blob
 
 
 def _finite(export: Mapping[str, Mapping[str, Any]], client: int, run: str, round: int,

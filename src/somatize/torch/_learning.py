@@ -51,6 +51,7 @@ import torch
 
 from .._errors import DeclarationError, OutOfStep, whole_number
 from .._node import Ctx, Node, Opaque
+from ._tensors import detached, gradients_of, leafed, moved, paired, summed, tensors_in
 
 __all__ = ["Enters", "Learning", "Split", "carries", "envelope", "gradient",
            "is_envelope", "narrowed", "narrowing", "overflowed", "widened"]
@@ -173,11 +174,10 @@ def _inside(value: Any) -> Any:
 
 def gradient(value: Any, device: str | torch.device | None = None) -> torch.Tensor | None:
     """What an envelope carries, or the sum of what a map of them carries, as a tensor
-    on ``device``. None for a value that is not a backward message at all, and for an
+    on ``device`` (a structure's gradient: tensors on ``device`` in its shape). None for a value that is not a backward message at all, and for an
     envelope (or a map of them) carrying nothing."""
     if type(value) is dict and KEY in value:  # one envelope, the common case: read at once
-        carried = _inside(value)
-        return carried if carried is None or device is None else carried.to(device)
+        return moved(_inside(value), device)
     if not carries(value):
         return None
     carried = [_inside(value)] if KEY in value else [_inside(v) for v in value.values()]
@@ -186,8 +186,8 @@ def gradient(value: Any, device: str | torch.device | None = None) -> torch.Tens
         if g is None:
             continue
         if device is not None:
-            g = g.to(device)
-        total = g if total is None else total + g
+            g = moved(g, device)
+        total = g if total is None else summed(total, g)
     return total
 
 
@@ -279,7 +279,7 @@ class Learning(Node):
     def evaluating(self, on: bool) -> Learning:
         """Says whether what runs through it now is evaluated (``Trainer.predict``):
         then its forwards keep no activation and owe nothing, so a step's state is as
-        it was, and what the node makes goes on as it came (``_evaluation`` has the
+        it was, and what the node makes goes on as it came (``_predicting`` has the
         node's parameters ask for no gradient meanwhile, so no autograd graph is built)."""
         self._evaluating = bool(on)
         return self
@@ -466,9 +466,11 @@ class Learning(Node):
         arrives is passed on to whoever fed the node."""
         if carries(value):
             return value
-        if self._evaluating:
+        if self._evaluating:  # nothing will be walked back: no leaf, nothing remembered
             value = widened(value)
-            return Opaque(value.detach()) if isinstance(value, torch.Tensor) else value
+            if isinstance(value, torch.Tensor):
+                return Opaque(value.detach())
+            return Opaque(detached(value)) if tensors_in(value) else value
         arrived = value
         value = widened(value)
         self._crossed = value is not arrived
@@ -482,13 +484,15 @@ class Learning(Node):
         if isinstance(value, torch.Tensor):
             value = value.detach().requires_grad_(value.is_floating_point()
                                                   or value.is_complex())
+        else:  # tuples, lists and dicts of them: each floating tensor a leaf of its own
+            value = leafed(value)
         self._given = value
         if self._owed is None:
             self._owed = []
         self._owed.append([value, None])
         if len(self._owed) > MOST_OWED:  # failed steps' leftovers, never asked for
             del self._owed[0]
-        return Opaque(value) if isinstance(value, torch.Tensor) else value
+        return Opaque(value) if isinstance(value, torch.Tensor) or tensors_in(value) else value
 
     def forward(self, value: Any, ctx: Ctx) -> Any:
         """Behind the node: an ordinary value is the activation to keep (what goes on is
@@ -496,9 +500,7 @@ class Learning(Node):
         if carries(value):
             return self._learn_from(value, ctx)
         if self._evaluating:  # kept by nobody: what it made is all that goes on
-            if not isinstance(value, torch.Tensor):
-                return value
-            return Opaque(narrowed(value, self._compress) if self._narrows_out else value.detach())
+            return self._passed_on(value)
         self._held = value
         if self._owed:
             self._owed[-1][1] = value
@@ -506,8 +508,14 @@ class Learning(Node):
             self._group.log(self._label, "forward")
         if self._audit is not None:
             self._audit.saw(value)
+        return self._passed_on(value)
+
+    def _passed_on(self, value: Any) -> Any:
+        """What goes on from behind the node: what it made, detached (narrowed where it
+        crosses a cut that compresses)."""
         if not isinstance(value, torch.Tensor):
-            return value
+            # a structure's tensors go on detached too: the cut is here, whatever its shape
+            return Opaque(detached(value)) if tensors_in(value) else value
         return Opaque(narrowed(value, self._compress) if self._narrows_out else value.detach())
 
     def _owed_to(self, back: int) -> None:
@@ -575,7 +583,10 @@ class Learning(Node):
 
     def learn(self, signal: torch.Tensor | None, ctx: Ctx) -> Any:
         """Handed dL/d(what the node produced) — None when nobody owes it anything this
-        step — answers dL/d(what it was given), or None. The hole a technique fills."""
+        step — answers dL/d(what it was given), or None. The hole a technique fills.
+        Where the node produced (or was given) a tuple, list or dict of tensors, the
+        gradient has that shape, None where no gradient belongs (``_tensors.paired``
+        pairs it with the tensors it is for; ``gradients_of`` reads one off ``given``)."""
         raise NotImplementedError(f"{type(self).__qualname__} does not say how it learns")
 
     def __repr__(self) -> str:
@@ -615,16 +626,22 @@ class Split(Learning):
             optimizer.zero_grad()
         self._cleared = False
         if signal is not None:
-            self.waiting().backward(signal)
+            held = self.waiting()
+            if isinstance(held, torch.Tensor):
+                held.backward(signal)
+            else:  # a structure: each of its tensors that asks for a gradient, at once
+                tensors, grads = paired(held, signal)
+                if tensors:
+                    torch.autograd.backward(tensors, grads)
         given = self.done()
         if self.closes():
             if self._audit is None and self._group is None:
                 ctx.afterwards(self._step)
             else:
                 optimizer.step()
-        if isinstance(given, torch.Tensor) and given.grad is not None:
+        if isinstance(given, torch.Tensor):
             return given.grad
-        return None
+        return gradients_of(given)
 
     def _step(self) -> None:
         """The step that closes a group, and the clearing that the next one opens with,

@@ -39,6 +39,7 @@ from .._verbs import VERBS
 from ._audit import Audit
 from ._checks import outside_somatize
 from ._learning import HEALTH, Learning, envelope, gradient, narrowed, overflowed, widened
+from ._tensors import device_of, gradients_of, leafed, paired, summed
 
 __all__ = ["StagedDriver", "rewired"]
 
@@ -119,8 +120,12 @@ class Stage:
         self.trainers = [n for n in nodes if n in trains]
         self.trained = [m for n in self.trainers for m in Positions(n).all]
         enters = {n: Positions(n).enters for n in self.trainers}
-        self.entries = [(enters[n], preds[enters[n]][0]) for n in self.trainers
-                        if preds[enters[n]] and preds[enters[n]][0] not in inside]
+        # Where what a trainer's input received goes back to: its one producer, or,
+        # for a node fed by several, each producer its own part (the input is then a
+        # map by producer, and so is its gradient). A producer in this stage is
+        # trained by nobody and owed nothing.
+        self.entries = [(enters[n], tuple(preds[enters[n]])) for n in self.trainers
+                        if any(p not in inside for p in preds[enters[n]])]
         self.back_given = [n for n in self.trainers if n in self.wanted]
         self.reporting = [enters[n] for n in self.trainers]  # every trainer's answer
         # What crosses into this stage narrowed: a value handed in whose every taker
@@ -180,6 +185,7 @@ class StagedDriver:
         self._passed: Any = None
         self._compiled: tuple[Any, list[tuple[Walk, Back | None]]] = (None, [])
         self.health: list[dict[str, Any]] = []  # what trainers on workers measured
+        self.privacy: Any = None  # what protects and measures what crosses (``_privacy``)
 
     def _session(self) -> Any:
         """A session of this driver's own on the workers, which keeps state: its
@@ -268,9 +274,10 @@ class StagedDriver:
                 leaves, values = _NOTHING, ()
             else:
                 leaves = {p: _fresh(produced[p]) for p in stage.outside}
+                sent = leaves if self.privacy is None else self._protected(stage, x, leaves)
                 values = ([Opaque(self._narrowed(leaf, dtype, stage.takers.get(p), "given"))
-                           for (p, leaf), dtype in zip(leaves.items(), stage.narrows)]
-                          if stage.narrowing else [Opaque(leaf) for leaf in leaves.values()])
+                           for (p, leaf), dtype in zip(sent.items(), stage.narrows)]
+                          if stage.narrowing else [Opaque(leaf) for leaf in sent.values()])
             answer = walk.run(one, x, values, broker, store if k == 0 else None, later)
             if later:
                 numbers.append(pipe.forwarded(k))
@@ -292,6 +299,17 @@ class StagedDriver:
         output = next(iter(outputs.values())) if len(outputs) == 1 else outputs
         return (produced, handed, outputs, numbers), output
 
+    def _protected(self, stage: Stage, x: Any, leaves: dict[str, Any]) -> dict[str, Any]:
+        """What a stage is sent in place of the leaves handed to it: each trainer's
+        input as its protection has it (``_privacy``); the leaves stay as they are."""
+        sent = dict(leaves)
+        for enters, producers in stage.entries:
+            for producer in producers:
+                if producer in leaves:
+                    sent[producer] = self.privacy.sending(self._user(enters), x,
+                                                          leaves[producer])
+        return sent
+
     def backward(self, one: Pass) -> None:
         """After the objective's backward: hands every stage what it is owed, last
         first, as pieces of the forward ``one``."""
@@ -307,7 +325,7 @@ class StagedDriver:
         owed: dict[str, torch.Tensor] = {}
         for n, leaf in outputs.items():
             if n not in self.through:  # those already passed their gradient on
-                _add(owed, n, getattr(leaf, "grad", None))
+                _add(owed, n, gradients_of(leaf))
         last = len(self.stages) - 1
         later, broker = pipe is not None, self.broker
         walks = self._walks()
@@ -316,8 +334,10 @@ class StagedDriver:
             back = walks[k][1]
             if back is not None:
                 behind = 0 if pipe is None else pipe.behind(k, numbers[k])
-                answers = back.run(one, {n: envelope(owed.get(n) if dtype is None else
-                                                     self._narrowed(owed.get(n), dtype, n, "handed"),
+                sent = {n: owed.get(n) if self.privacy is None else
+                        self.privacy.gradient_sent(n, owed.get(n)) for n in stage.back_given}
+                answers = back.run(one, {n: envelope(sent[n] if dtype is None else
+                                                     self._narrowed(sent[n], dtype, n, "handed"),
                                                      behind=behind)
                                          for n, dtype in zip(stage.back_given, stage.compress)},
                                    broker, later)
@@ -325,20 +345,25 @@ class StagedDriver:
                     if answers.waiting:
                         yield
                     answers = answers.result()
-                for entry, producer in stage.entries:
+                for entry, producers in stage.entries:
                     self._said_overflow(answers[entry], entry, "answered")
-                    _add(owed, producer, gradient(answers[entry], _device(produced[producer])))
+                    handed_in = [p for p in producers if p in leaves]
+                    got = gradient(answers[entry], device_of(leaves[handed_in[0]]))
+                    if len(producers) == 1:
+                        _add(owed, producers[0], got)
+                    elif type(got) is dict:  # a map by producer, as its input was
+                        for producer in handed_in:
+                            _add(owed, producer, got.get(producer))
                 self._heard(answers)
             tensors, grads = [], []
             for n in stage.untrained_here:
-                value, grad = produced[n], owed.get(n)
-                if grad is not None and isinstance(value, torch.Tensor) and value.requires_grad:
-                    tensors.append(value)
-                    grads.append(grad)
+                these, their = paired(produced[n], owed.get(n))
+                tensors += these
+                grads += their
             if tensors:
                 torch.autograd.backward(tensors, grads)
             for producer, leaf in leaves.items():
-                _add(owed, producer, getattr(leaf, "grad", None))
+                _add(owed, producer, gradients_of(leaf))
 
     def close(self, one: Pass) -> None:
         """Ends every trainer's open group: a closing, empty envelope walked back."""
@@ -452,19 +477,10 @@ _NOTHING: dict[str, Any] = {}  # what a stage handed nothing was handed (read, n
 
 
 def _fresh(value: Any) -> Any:
-    """A value handed across a stage boundary: a tensor becomes a new leaf."""
-    if isinstance(value, torch.Tensor):
-        leaf = value.detach()
-        if leaf.is_floating_point() or leaf.is_complex():
-            leaf.requires_grad_(True)
-        return leaf
-    return value
+    """A value handed across a stage boundary: each tensor in it becomes a new leaf."""
+    return leafed(value)
 
 
-def _add(owed: dict[str, torch.Tensor], node: str, grad: torch.Tensor | None) -> None:
+def _add(owed: dict[str, Any], node: str, grad: Any) -> None:
     if grad is not None:
-        owed[node] = grad if node not in owed else owed[node] + grad
-
-
-def _device(value: Any) -> Any:
-    return value.device if isinstance(value, torch.Tensor) else None
+        owed[node] = summed(owed.get(node), grad)

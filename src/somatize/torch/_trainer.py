@@ -40,6 +40,7 @@ from .._slices import finish, runner_of
 from ._audit import audit_for
 from ._checks import (
     check_caches,
+    check_devices,
     check_given_optimizer,
     check_gradients,
     check_trains,
@@ -48,10 +49,11 @@ from ._checks import (
     watchers_of,
 )
 from ._checkpoint import Run, keep, kept_by, seed_all, take_up
-from ._evaluation import averaged, better, checked_metrics, detached, evaluated, number, rows_of
+from ._predicting import averaged, better, checked_metrics, evaluated, number, rows_of
 from ._pipeline import pipelined, worthwhile
+from ._privacy import privacy_for
 from ._staged import StagedDriver
-from ._tensors import tensors_in
+from ._tensors import detached, tensors_in
 from ._weights import (
     Weights,
     checked_weights,
@@ -89,10 +91,13 @@ class Trainer:
     are; ``workers={host: Worker}`` says the same in the reference pages' spelling.
     ``watching`` is handed to every forward and also told ``loss`` and ``updated``.
     ``auditing=True`` (or an ``Audit``) hooks the graph and tells ``watching`` one
-    ``health`` fact per node after each measured step; ``close()`` takes the hooks off
-    (so does collecting the Trainer). With ``micro`` pieces and a trained stage on a
-    worker, the pieces overlap, with the same losses and weights bit for bit; they run
-    one after another with ``pipeline=False``, and while watched or audited.
+    ``health`` fact per node after each measured step (``Audit(leaks=True)`` adds, per
+    trained cut, what a worker could learn from what it is sent); ``protecting={node:
+    Protection(...)}`` guards what crosses a trained node's cut before it is sent
+    (``_privacy``); ``close()`` takes the hooks off (so does collecting the Trainer).
+    With ``micro`` pieces and a trained stage on a worker, the pieces overlap, with the
+    same losses and weights bit for bit; they run one after another with
+    ``pipeline=False``, and while watched, audited or protected.
 
     What is certainly wrong is refused here, before the first step: the same weights
     in two optimizers, a node both frozen and trained, a cache over something still
@@ -108,7 +113,7 @@ class Trainer:
                  optimizer: Any = None, trains: Mapping[str, Any] | None = None,
                  every: int = 1, micro: int = 1, store: Any = None, broker: Any = None,
                  workers: Mapping[str, Any] | None = None, watching: Any = None,
-                 auditing: Any = None, pipeline: bool = True):
+                 auditing: Any = None, pipeline: bool = True, protecting: Any = None):
         if not isinstance(graph, Graph):
             raise TypeError(f"Trainer takes a somatize Graph, not a {type(graph).__qualname__}; "
                             "build one with Graph.somatize(...)")
@@ -126,12 +131,14 @@ class Trainer:
         self._watching = self._watchers or None  # as the walk wants it: None is cheapest
         frozen = set(graph.frozen())
         check_caches(graph, frozen)
+        check_devices(graph)
         trains = check_trains(graph, trains, optimizer, frozen)
         self._unheld = check_given_optimizer(graph, optimizer, frozen,
                                         elsewhere=set(trains) | set(graph.hosts()))
         if store is not None:
             store = open_store(store)
         audit = audit_for(graph, auditing, self._watchers)  # checked here, hooked last
+        privacy = privacy_for(protecting, audit, trains)
         freeze(graph)
         self._broker = broker
         self._staged = None
@@ -154,6 +161,9 @@ class Trainer:
         self._skip = 0  # steps a resumed run took already, which fit() walks past
         self._checked = False
         self._audit = audit
+        self._privacy = privacy
+        if privacy is not None and self._staged is not None:
+            self._staged.privacy = privacy
         if audit is not None and self._staged is not None:
             self._staged.audited(audit, self._micro)
         if audit is not None:  # off again by close(), or when this Trainer is collected
@@ -182,6 +192,10 @@ class Trainer:
                           if learning.compress is not None}
             if compressed:
                 said["compressed"] = compressed
+            protected = {n: p.said() for n, p in (self._privacy.protecting.items()
+                                                   if self._privacy else ()) if p.said()}
+            if protected:  # a defence changes what was sent, and what was learnt
+                said["protected"] = protected
             self._emit(said)
         if self._audit is not None and self._audit.begin(self._graph):
             if self._staged is not None:  # hooks back on after close(): look again
@@ -194,6 +208,8 @@ class Trainer:
                 losses = pipelined(self._staged, pieces, self._loss, self._seed)
         else:
             for x, y, share in pieces:
+                if self._privacy is not None:  # what the gradient defence aims with
+                    self._privacy.labelled(y)
                 loss = self._loss(self._forward(x), y)
                 self._backward(loss, share)
                 losses.append(loss)
@@ -209,12 +225,16 @@ class Trainer:
         if self._watchers:
             self._emit({"fact": "loss", "value": value})
         if self._audit is not None:  # after loss and updated, so they land in one record
+            measured = self._audit.measuring
             for fact in self._audit.observed(self._graph, updated=self._taken == 0):
                 self._emit(fact)
             if self._staged is not None:  # what trainers on workers measured, with the host
                 for fact in self._staged.health:
                     self._emit(fact)
                 self._staged.health.clear()
+            if self._privacy is not None:  # what each trained cut was sent could tell
+                for fact in self._privacy.observed(self._steps, measured):
+                    self._emit(fact)
         return value
 
     def update(self) -> bool:
@@ -437,6 +457,8 @@ class Trainer:
         a random state of its own, so a run with dropout there repeats only once it is
         seeded."""
         seed_all(self._run(), whole_number(seed, "seed", of="Trainer.seed()", least=0))
+        if self._privacy is not None:  # the defences' noise, off the model's own stream
+            self._privacy.seed(seed)
 
     def _run(self) -> Run:
         return Run(self._graph, self._optimizer, self._staged,
@@ -468,13 +490,15 @@ class Trainer:
         loss = self._objective(output, target)
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:
             raise NoGradient(no_loss(loss))
-        return loss
+        penalty = self._privacy.penalty() if self._privacy is not None else None
+        return loss if penalty is None else loss + penalty
 
     def _pipelines(self, pieces: int) -> bool:
         """Whether this step's pieces overlap (``_pipeline``): only where nobody watches
         or audits, whose facts and measures come piece by piece."""
         return (self._pipeline and self._staged is not None and not self._watchers
-                and self._audit is None and worthwhile(self._staged, pieces))
+                and self._audit is None and self._privacy is None
+                and worthwhile(self._staged, pieces))
 
     def _seed(self, loss: torch.Tensor, share: float) -> None:
         # Written as the brief arithmetic says it, so micro=1, every=1 is exactly

@@ -22,6 +22,7 @@ import torch
 from .._errors import DeclarationError, UnwritableError
 from .._keys import Unwritable, hexdigest_of
 from .._node import MADE_WITH
+from ._module import Module
 
 __all__ = [
     "VERBS", "checked_node", "checked_weights", "copy_weights", "freeze", "has_parameters",
@@ -127,7 +128,9 @@ def weights_of(node: Any, node_id: str = "?") -> dict[str, Any]:
     """A node's weights by name, live (the node's own tensors, not copies)."""
     state_dict = getattr(node, "state_dict", None)
     if callable(state_dict):
-        return dict(state_dict(keep_vars=True) if isinstance(node, torch.nn.Module)
+        # a module's own (and module(m)'s, which is m's) keep their Parameters, so a
+        # checkpoint reads their gradients too
+        return dict(state_dict(keep_vars=True) if isinstance(node, (torch.nn.Module, Module))
                     else state_dict())
     weights: dict[str, Any] = {}
     for prefix, module in _attribute_modules(node):

@@ -10,7 +10,9 @@ every ``SCAN_EVERY`` seconds, and never more than a tenth of the time. ``follow(
 asks for the name after a run's last forward, and the one after that batch, until one
 is missing, then for the binding that held the previous last forward again (a Recorder
 writes a batch again when its last forward heard more after it was written), so a run
-that grew by three batches costs five name reads, whatever its length. Names
+that grew by three batches costs six name reads, whatever its length (the store answers
+the missing name by reading the batch before it, which a batch bound again may have
+grown into; it is told where the batches begin, so it lists nothing). Names
 are never unbound, so what was read stays true until it is bound again. Objects are
 kept by digest, whose bytes never change, up to ``keep_bytes``.
 """
@@ -22,7 +24,8 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-from ..record._read import forwards_of
+from ..record._read import batches_begin, forwards_of
+from ..record._recorder import EACH
 
 __all__ = ["Following"]
 
@@ -130,9 +133,10 @@ class Following:
             run = self._known(found[0])
             if run is not None:
                 with self._lock:
-                    bound = run.raw.get(found[1])
-                    inside = found[1] in run.bounds  # a forward inside a batch: no name of its own
-                if bound is not None or inside:
+                    # a batch's binding under its first index; a forward inside one, as
+                    # the store answers it too (the batch's part that is this forward)
+                    bound = run.raw.get(found[1]) or run.bounds.get(found[1])
+                if bound is not None:
                     return bound
         return self._store.resolve(name)
 
@@ -221,11 +225,18 @@ class Following:
     def _newest(self, name: str, run: _Run) -> None:
         after = run.last + 1
         new = []
+        with self._lock:
+            known = list(run.raw)
+        # what the store's answer for a forward past them reads, instead of a listing
+        batches_begin(self._store, name, known)
         while len(new) < PROBES:
             bound = self._store.resolve(f"run/{name}/{after}")
-            if bound is None:
+            if bound is None or EACH not in bound.meta:
+                # None, or a forward inside the batch that held the last one, bound
+                # again with more since: that batch is read again, whole, below
                 break
             new.append(bound)
+            batches_begin(self._store, name, [after])
             after = forwards_of(bound, after)[-1][0] + 1  # past the batch it is
         if len(new) == PROBES:  # far behind: one listing (parallel on a bucket) is cheaper
             new = self._store.bound(f"run/{name}")

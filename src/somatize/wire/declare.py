@@ -22,17 +22,17 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from .._errors import DeclarationError, WireError
+from .._errors import DeclarationError, StateLost, WireError
 from .._optional import optional
 from .client import SocketLink
 from .protocol import Limits
 from .transport import Link, Place, Tenancy
 
-__all__ = ["Worker", "parse_address", "provides"]
+__all__ = ["Worker", "parse_address", "provides", "sharing_cores"]
 
 _LISTENING = re.compile(r"^listening on (\[[0-9A-Fa-f:.]+\]|[^\s:]+):(\d+)\s*$")
 _STARTUP = 60.0  # how long a child may take to say where it listens
@@ -215,6 +215,7 @@ class Worker(Place):
         env = dict(os.environ)
         env["SOMATIZE_TOKEN"] = self.token.decode()
         env["SOMATIZE_PARENT_PID"] = str(os.getpid())
+        kept = _share_cores(env)
         # The child imports the somatize this process runs, wherever it came from; an
         # installed one it finds by itself, and naming site-packages would shadow the
         # caller's own PYTHONPATH.
@@ -228,11 +229,20 @@ class Worker(Place):
             raise DeclarationError(f"cannot start the worker {self._argv!r}: {exc}") from None
         _children.add(self)
         weakref.finalize(self, _end, self._child)
+        for hook in _sharing if kept is not None else ():
+            hook(kept)
 
     def address(self, host: str) -> tuple[str, int]:
         """Where to connect: the declared address, or where the child says it listens."""
         if self._target is not None:
             return self._target
+        if self._child is None:  # started, then closed: what it held is gone with it
+            raise StateLost(
+                f"host {host!r}: the worker this process started for it was closed (its "
+                "`with` block ended, or close() was called), and what it held went with "
+                "it: the weights and optimizer state of the nodes trained there included. "
+                "Ask for them (export(), a checkpoint) inside the `with` block, or close "
+                "the worker only once you have them", host=host)
         with self._start_lock:
             if self._listening is None:
                 self._listening = self._read_listening(host)
@@ -314,6 +324,33 @@ class Worker(Place):
     def __repr__(self) -> str:
         where = self.where("") if (self._target or self._listening) else f"child {self._argv!r}"
         return f"Worker({where}, mode={self.mode!r})"
+
+
+_THREADS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")  # what torch's CPU kernels size their pools by
+_sharing: list[Callable[[int], None]] = []
+
+
+def sharing_cores(hook: Callable[[int], None]) -> None:
+    """Registers ``hook(threads)``, called in this process each time it starts a worker
+    child on this machine, with how many threads this process keeps: the layer that
+    runs kernels here (``somatize.torch``) registers one, since the wire knows none."""
+    _sharing.append(hook)
+
+
+def _share_cores(env: dict[str, str]) -> int | None:
+    """Gives a child on this machine half the cores this process may use, where the
+    caller set no thread count, and answers how many are left to this process (None
+    where the caller set one: theirs is kept, on both sides).
+
+    Left to torch's default, the child and its client each take every core, and their
+    pools spin against each other while they take turns: 40 split steps of a small
+    model took 6.6 s on two busy cores where half each took 0.3 s (benchmarks/cores.py)."""
+    if any(env.get(name) for name in _THREADS):
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    child = max(1, (cores or 2) // 2)
+    env.update({name: str(child) for name in _THREADS})
+    return max(1, (cores or 2) - child)
 
 
 def _site_dirs() -> set[str]:

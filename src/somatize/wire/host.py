@@ -6,7 +6,8 @@ as the request header the client wrote (``n`` nodes, ``w`` wanted, ``f`` forward
 back) and its buffers, and leaves as an :class:`Answer`, a reply's kind, header and
 buffers, which the transport sends as they are. The socket worker
 (``connection.py``) and the Ray actor (``somatize.ray``) both call :func:`answer`,
-so a slice runs one way whichever way it came.
+so a slice runs one way whichever way it came; and :func:`control` for a verb of a
+session (``somatize._verbs``), what its owner asks besides a slice.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import collections
 import dataclasses
 import functools
 import hashlib
+import importlib
+import sys
 import threading
 import time
 import traceback
@@ -526,6 +529,8 @@ def control(sessions: Sessions, head: Any, buffers: list[Any], stays: bool = Tru
     if tenant is None:
         return Answer("need", {"gone": gone} if gone else {}, [])
     handler = VERBS.get(name)
+    if handler is None and _imported(head.get("m")):
+        handler = VERBS.get(name)
     if handler is None:
         return failed(NameError(
             f"this host answers no verb {name!r} (it answers {sorted(VERBS) + [END]}); the "
@@ -651,3 +656,15 @@ def sendable(facts: list[dict]) -> list[dict]:
         if not buffers and not refused:
             out.append(trees)
     return out
+
+
+def _imported(module: Any) -> bool:
+    """Imports the module the client says registers a verb (one of somatize's own, and
+    only those), for a host whose catalog never did; whether it could."""
+    if type(module) is not str or not module.startswith("somatize.") or module in sys.modules:
+        return False
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return False
+    return True

@@ -24,6 +24,7 @@ from .._errors import (DeclarationError, Lost, NodeError, ProtocolError, StateLo
                        UnwritableError, WireError)
 from .._graph import user_ids
 from .._slices import Outcome
+from .._verbs import VERBS
 from .catalog import MODES, pack_nodes, pack_values, unpack_values
 from .protocol import Limits
 
@@ -439,7 +440,13 @@ def verb_request(tenancy: Tenancy, verb: str, args: Any) -> tuple[dict[str, Any]
     trees, refused = pack_values({"a": args}, buffers)
     if refused:
         raise UnwritableError(f"the arguments of verb {verb!r} cannot travel: {refused['a']}")
-    return {"s": tenancy.session, "c": verb, "v": trees}, buffers
+    head = {"s": tenancy.session, "c": verb, "v": trees}
+    # Where the verb's handler is registered here, so that a host whose catalog never
+    # imported it (a worker that has only run plain nodes) can import it there.
+    module = getattr(VERBS.get(verb), "__module__", None)
+    if type(module) is str and module.startswith("somatize."):
+        head["m"] = module
+    return head, buffers
 
 
 # What a verb's handler may raise that is raised here as it was (with the host said).

@@ -225,8 +225,9 @@
       }
       if (part.note) text.append(el("p", { class: "note" }, part.note));
       if (part.figure) {
-        // The toolbar stands upright at the right edge, off the titles it covered.
-        const layout = Object.assign({}, part.figure.layout, { modebar: { orientation: "v" } });
+        // The toolbar has a strip of its own above the figure (page.css): standing in
+        // the figure, it covered a title or, upright at the right edge, a legend.
+        const layout = part.figure.layout;
         Plotly.react(figure, part.figure.data, layout, { displaylogo: false, responsive: true });
         if (part.key === "progress") {
           restart(curve, part.figure);

@@ -1,4 +1,4 @@
-"""What was trained, used (somatize.torch._evaluation, through Trainer.predict, evaluate
+"""What was trained, used (somatize.torch._predicting, through Trainer.predict, evaluate
 and fit(validate=...)): against the same model trained in one piece and run as PyTorch
 users run it, model.eval() and torch.no_grad(), with the trained body on a real worker
 process, a batch norm's running statistics and a dropout's random state included."""
@@ -8,8 +8,9 @@ import copy
 import pytest
 import torch
 from splitnets import Drops, Lin, Norms
+from structnets import Encoder, Masked, MaskedHead
 
-from somatize import Broker, DeclarationError, Graph, NodeError, Worker
+from somatize import Broker, DeclarationError, Graph, NodeError, Opaque, Worker
 from somatize.torch import Split, Trainer, parameters
 
 mse = torch.nn.functional.mse_loss
@@ -17,7 +18,7 @@ mse = torch.nn.functional.mse_loss
 
 @pytest.fixture(scope="module")
 def worker():
-    with Worker.generic(mode="network", send=["splitnets"]) as w:
+    with Worker.generic(mode="network", send=["splitnets", "structnets"]) as w:
         yield w
 
 
@@ -229,3 +230,27 @@ def test_a_body_nobody_trains_on_a_worker_is_evaluated_there_too(worker):
     model.train()
     assert torch.equal(t.predict(data[2][0]), expected)
     assert t.step(data[2]) == whole_step(model, optimizer, data[2])  # train mode is back there
+
+
+@pytest.mark.parametrize("shape", ["tuple", "dict"])
+def test_a_structure_out_of_a_worker_is_predicted_as_in_one_piece(worker, shape):
+    """A body on a worker that hands on (activation, integer mask): predicted, it is
+    the graph in one piece trained alike, run under torch.no_grad()."""
+    def net(host):
+        torch.manual_seed(0)
+        body = Masked(8, 6, shape).named("body")
+        return Graph.somatize(Encoder(8, 8).named("encoder") >> (body.at(host) if host else body)
+                              >> MaskedHead(6, 1).named("head"))
+
+    one, cut = net(None), net("gpu")
+    whole = Trainer(one, objective=mse, optimizer=torch.optim.SGD(parameters(one), lr=0.1))
+    trains = {"body": Split(torch.optim.SGD, lr=0.1)}
+    split = Trainer(cut, objective=mse, trains=trains, workers={"gpu": worker},
+                    optimizer=torch.optim.SGD(parameters(cut, without=trains), lr=0.1))
+    data = batches(3)
+    assert [whole.step(b) for b in data] == [split.step(b) for b in data]
+    x = data[0][0]
+    with torch.no_grad():
+        expected = one.forward(Opaque(x))
+    assert torch.equal(split.predict(x), expected)
+    assert split.step(data[1]) == whole.step(data[1])  # nothing it owed was disturbed

@@ -22,11 +22,10 @@ from typing import Any
 import torch
 
 from .._errors import DeclarationError
-from .._node import Opaque
 from ._learning import Learning
 from ._weights import held, modules_of
 
-__all__ = ["VERBS", "averaged", "better", "checked_metrics", "detached", "evaluated",
+__all__ = ["VERBS", "averaged", "better", "checked_metrics", "evaluated",
            "evaluating_verb", "number", "owned", "put_back", "put_in_eval", "rows_of"]
 
 
@@ -142,20 +141,6 @@ def _restore(here: Mapping[str, Any], holding: Any, kept: Mapping[str, Any],
             failed.append(exc)
     if failed and not quiet:
         raise failed[0]
-
-
-def detached(value: Any) -> Any:
-    """``value`` with every tensor in it detached, through tuples, lists, dicts and
-    Opaque, so nothing answered keeps a way back into the graph."""
-    if isinstance(value, torch.Tensor):
-        return value.detach()
-    if type(value) is Opaque:
-        return detached(value.value)
-    if isinstance(value, dict):
-        return {k: detached(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
-        return type(value)(detached(v) for v in value)
-    return value
 
 
 def checked_metrics(metrics: Any) -> dict[str, Callable[[Any, Any], Any]]:
