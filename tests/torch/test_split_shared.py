@@ -373,6 +373,19 @@ def test_shared_trainers_nobody_trains_stay_within_the_workers_sessions():
         proc.wait()
 
 
+def test_predicting_through_a_body_others_train_is_refused_and_changes_nothing(worker):
+    key = uuid.uuid4().hex
+    first = Client(worker, key, torch.optim.SGD, seed=0, body_seed=7)
+    other = Client(worker, key, torch.optim.SGD, seed=1, body_seed=7)
+    first.step(0)
+    other.step(0)
+    with pytest.raises(DeclarationError, match=r"shared=.* by 1 other client"):
+        first.trainer.predict(first.data[0][0])
+    first.step(1)  # both train on, as if nobody had asked
+    other.step(1)
+    checked_against_replay([first, other], torch.optim.SGD, first=0)
+
+
 def test_a_shared_trainer_that_runs_here_warns_and_trains_alone():
     torch.manual_seed(0)
     g = Graph.somatize(Lin(8, 8).named("encoder") >> Lin(8, 6).named("body")

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from .._errors import DeclarationError
+from .._graph import made_from
 from ._learning import Learning
 from ._weights import held, modules_of
 
@@ -100,9 +101,26 @@ def evaluating_verb(nodes: Mapping[str, Any], asked: Mapping[str, Any]) -> dict[
     trainers holding nothing, answering the flags to give back; with ``{"on": False,
     "flags": ...}`` everything as those flags say."""
     if asked["on"]:
+        _alone(nodes)
         return put_in_eval(nodes)
     put_back(nodes, asked["flags"])
     return {}
+
+
+def _alone(nodes: Mapping[str, Any]) -> None:
+    """Refuses to put a shared trainer's node in eval mode while other clients train it:
+    their steps would run through it in eval mode, without gradients, between this
+    client's requests. Nothing has changed when it refuses."""
+    for node_id, impl in nodes.items():
+        group = impl.group if isinstance(impl, Learning) else None
+        others = [] if group is None else [m for m in group.members.values() if m is not impl]
+        if others:
+            raise DeclarationError(
+                f"node {made_from(node_id)!r} is trained shared={group.key!r} by "
+                f"{len(others)} other client(s) on this host, and evaluating it would switch "
+                "the node they train to eval mode under their steps; predict with a graph of "
+                "your own built again with the weights of Trainer.export(), or once the "
+                "others are done")
 
 
 VERBS = {"evaluating": evaluating_verb}
