@@ -49,7 +49,8 @@ def net(inputs, classes, host="gpu"):
                           >> Dense(10, classes, relu=False).named("head"))
 
 
-def trained(worker, path, name="cancer", protection=None, seed=None, audit=True):
+def trained(worker, path, name="cancer", protection=None, seed=None, audit=True,
+            evaluating=False):
     x, y = data(name)
     g = net(x.shape[1], int(y.max()) + 1)
     trains = {"body": Recording(torch.optim.SGD, path, lr=0.1)}
@@ -61,7 +62,11 @@ def trained(worker, path, name="cancer", protection=None, seed=None, audit=True)
                 protecting={"body": protection} if protection else None)
     if seed is not None:
         t.seed(seed)
-    losses = [t.step(b) for b in batches(x, y)]
+    losses = []
+    for b in batches(x, y):
+        losses.append(t.step(b))
+        if evaluating:  # between steps, as a validation would
+            t.evaluate([b])
     weights = t.export()
     t.close()
     return {"losses": losses, "weights": weights, "arrived": torch.load(path), "said":
@@ -228,6 +233,15 @@ def test_seeded_runs_repeat_and_another_seed_does_not(worker, tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(one["arrived"]["gradients"],
                                                  two["arrived"]["gradients"]))
     assert not torch.equal(one["arrived"]["inputs"][0], other["arrived"]["inputs"][0])
+
+
+def test_evaluating_between_protected_steps_changes_nothing_that_follows(worker, tmp_path):
+    every = Protection(noise=0.2, nopeek=0.5, gradients=1.0)
+    never = trained(worker, tmp_path / "a.pt", protection=every, seed=7)
+    evaluated = trained(worker, tmp_path / "b.pt", protection=every, seed=7, evaluating=True)
+    assert evaluated["losses"] == never["losses"] and evaluated["said"] == never["said"]
+    assert all(torch.equal(evaluated["weights"][n][k], never["weights"][n][k])
+               for n in never["weights"] for k in never["weights"][n])
 
 
 # -- what is refused, and what is said -------------------------------------------------------

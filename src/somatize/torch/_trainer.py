@@ -421,8 +421,14 @@ class Trainer:
             with one:
                 output = one.run(self._graph, x, store=self._store, broker=self._broker)
         else:
-            with one, _out_of_step():
-                _, output = finish(self._staged.forwarding(x, one))
+            # The defences guard what training sends; a prediction is the model's own
+            # answer, and drawing their noise here would move the steps that follow.
+            privacy, self._staged.privacy = self._staged.privacy, None
+            try:
+                with one, _out_of_step():
+                    _, output = finish(self._staged.forwarding(x, one))
+            finally:
+                self._staged.privacy = privacy
         return detached(output)
 
     # -- a run kept, and taken up again -------------------------------------------------
