@@ -94,15 +94,9 @@ class InProcessLink(Link):
             head, buffers = _carried(request.header(), request.buffers)
             began = time.perf_counter_ns()
             kind, head, back = self._answered(host, nodes, head, buffers, tenancy)
-            if kind == "need":  # the host holds the session no more
-                tenancy.declared = None
-                if tenancy.learnt:
-                    raise state_lost(host, self.place.where(host), tenancy,
-                                     head.get("gone") or "the host was started afresh")
-                if attempt == 0:
-                    continue
-                raise WireError(f"host {host!r}: the host keeps letting go of this session",
-                                host=host)
+            if kind == "need":
+                self._needed(host, tenancy, head, attempt)
+                continue
             tenancy.live = True
             return outcome_of(host, nodes, kind, head, back, sent=size(request.buffers),
                               size=size(back), took_us=(time.perf_counter_ns() - began) // 1000,
@@ -118,17 +112,22 @@ class InProcessLink(Link):
             self._provide(host, tenancy)
             head, buffers = _carried(*verb_request(tenancy, verb, args))
             kind, head, back = self._answered(host, [verb], head, buffers, tenancy, verb=True)
-            if kind == "need":  # the host holds the session no more
-                tenancy.declared = None
-                if tenancy.learnt:
-                    raise state_lost(host, self.place.where(host), tenancy,
-                                     head.get("gone") or "the host was started afresh")
-                if attempt == 0:
-                    continue
-                raise WireError(f"host {host!r}: the host keeps letting go of this session",
-                                host=host)
+            if kind == "need":
+                self._needed(host, tenancy, head, attempt)
+                continue
             return verb_answered(host, verb, kind, head, back)
         raise AssertionError("unreachable")
+
+    def _needed(self, host: str, tenancy: Tenancy, head: dict, attempt: int) -> None:
+        """The host holds the session no more: said where it learnt there, and given
+        its catalog again (once) where it did not."""
+        tenancy.declared = None
+        if tenancy.learnt:
+            raise state_lost(host, self.place.where(host), tenancy,
+                             head.get("gone") or "the host was started afresh")
+        if attempt:
+            raise WireError(f"host {host!r}: the host keeps letting go of this session",
+                            host=host)
 
     def _answered(self, host: str, nodes: list[str], head: dict, buffers: list,
                   tenancy: Tenancy, verb: bool = False) -> tuple:
