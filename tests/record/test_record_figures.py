@@ -61,6 +61,23 @@ def test_progress_draws_the_curve_raw_and_smoothed(store):
     assert fig.layout.yaxis.type == "linear"
 
 
+def test_what_evaluate_said_is_drawn_beside_the_loss(store):
+    g = Graph.somatize(Body().named("body") >> Head().named("head"))
+    recorder = Recorder(store, run="checked")  # nothing summarised: the records are read
+    for i in range(6):
+        g.forward(i, watching=recorder)
+        recorder({"fact": "loss", "value": 1.0 / (i + 1)})
+        if i % 2:  # an evaluation after every other step, as fit(validate=...) says it
+            recorder({"fact": "evaluated", "step": i + 1, "rows": 10, "loss": 2.0 / (i + 1)})
+    recorder.close()
+    fig = progress(store, "checked")
+    drawn = {trace.name: trace for trace in fig.data}
+    assert list(drawn["validation loss"].x) == [1, 3, 5]
+    assert list(drawn["validation loss"].y) == [1.0, 0.5, 2.0 / 6]
+    assert list(drawn["loss (raw)"].y) == [1.0 / (i + 1) for i in range(6)]
+    assert "validation loss" not in {t.name for t in progress(store, "checked", fact="x").data}
+
+
 def test_a_loss_over_decades_is_drawn_on_a_log_axis(store):
     recorded(store, steps=30, losses=lambda i: 10.0 ** (2 - i / 10))
     assert progress(store, "a-run").layout.yaxis.type == "log"

@@ -10,12 +10,13 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from ._read import Tally, points, tally
+from ._read import Tally, series, tally
 
 __all__ = ["curve_figure", "progress", "smoothed", "spent"]
 
 RAW = "rgba(99, 110, 250, 0.5)"
 SMOOTH = "rgb(45, 55, 200)"
+VALIDATION = "rgb(230, 120, 20)"  # what Trainer.evaluate said, beside the training loss
 FONT = {"family": "Helvetica, Arial, sans-serif", "size": 13}
 
 
@@ -126,7 +127,11 @@ def progress(store: Any, run: str, *, fact: str = "loss", smoothing: float = 0.9
     without opening its records. ``smoothing`` is the moving average's weight.
     """
     _check_weight(smoothing)
-    found = points(store, run, fact)
+    # A loss curve is drawn with what each Trainer.evaluate said beside it, read in
+    # the same pass over the records.
+    wanted = [(fact, "value")] + ([("evaluated", "loss")] if fact == "loss" else [])
+    found, *more = series(store, run, wanted)
+    checked = more[0] if more else []
     xs = [forward for forward, _ in found]
     values = [value for _, value in found]
     if values:
@@ -137,7 +142,14 @@ def progress(store: Any, run: str, *, fact: str = "loss", smoothing: float = 0.9
         title = f"<b>{run}</b> — {fact} over {len(values)} forwards ({said})"
     else:
         title = f"<b>{run}</b> — no {fact!r} facts recorded"
-    return curve_figure(xs, values, name=fact, title=title, smoothing=smoothing)
+    fig = curve_figure(xs, values, name=fact, title=title, smoothing=smoothing)
+    if checked:
+        fig.add_trace(go().Scatter(
+            x=[forward for forward, _ in checked], y=[value for _, value in checked],
+            mode="lines+markers", name="validation loss", line={"color": VALIDATION, "width": 2},
+            marker={"size": 7},
+            hovertemplate="forward %{x}<br>validation loss %{y:.6g}<extra>evaluated</extra>"))
+    return fig
 
 
 def _ms(us: float) -> str:

@@ -18,6 +18,7 @@ import json
 import math
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -479,29 +480,41 @@ def points(store: Any, run: str, fact: str = "loss", field: str = "value") -> li
     means the forward never said it); only the others are opened. A record that cannot
     be read, or whose value is not a number, is left out (``damaged`` says why).
     """
-    if type(fact) is not str or type(field) is not str:
+    return series(store, run, [(fact, field)])[0]
+
+
+def series(store: Any, run: str, wanted: Sequence[tuple[str, str]]) -> list[list[tuple[int, float]]]:
+    """``points`` for each ``(fact, field)`` wanted, read in one pass over the run: a
+    record opened for one of them is read for all."""
+    if not all(type(fact) is str and type(field) is str for fact, field in wanted):
         raise TypeError("fact and field are names (str), e.g. curve(store, run, 'loss')")
-    out = []
+    out: list[list[tuple[int, float]]] = [[] for _ in wanted]
     for forward, bound in listed(store, run):
-        if fact in bound.meta:
-            value = bound.meta[fact]
-            if isinstance(value, dict):
-                value = value.get(field)
-            elif field != "value":
-                value = None
-        else:
-            record = readable(store, bound)
-            value = None if record is None else _last(record["facts"], fact, field)
-        if value is None:
-            continue
-        number = _number(value)
-        if number is None:
-            _note(store, bound, f"record {bound.name} in {_where(store)}: the {fact!r} fact's "
-                                f"{field!r} is {_short(value)}, not a number; that forward is "
-                                "left out of the curve")
-        else:
-            out.append((forward, number))
+        record: Any = _UNREAD
+        for (fact, field), found in zip(wanted, out):
+            if fact in bound.meta:
+                value = bound.meta[fact]
+                if isinstance(value, dict):
+                    value = value.get(field)
+                elif field != "value":
+                    value = None
+            else:
+                if record is _UNREAD:
+                    record = readable(store, bound)
+                value = None if record is None else _last(record["facts"], fact, field)
+            if value is None:
+                continue
+            number = _number(value)
+            if number is None:
+                _note(store, bound, f"record {bound.name} in {_where(store)}: the {fact!r} "
+                                    f"fact's {field!r} is {_short(value)}, not a number; that "
+                                    "forward is left out of the curve")
+            else:
+                found.append((forward, number))
     return out
+
+
+_UNREAD = object()  # a record not opened yet (None is one that could not be read)
 
 
 def _last(said: list[Any], fact: str, field: str) -> Any:
