@@ -11,6 +11,7 @@ from splitnets import Drops, Lin, Norms
 from structnets import Encoder, Masked, MaskedHead
 
 from somatize import Broker, DeclarationError, Graph, NodeError, Opaque, Worker
+from somatize.store import Store
 from somatize.torch import Split, Trainer, parameters
 
 mse = torch.nn.functional.mse_loss
@@ -127,6 +128,21 @@ def test_fit_validates_each_epoch_keeps_the_best_and_stops_without_patience(work
     _, again = split(worker)  # the best epoch, taken up on the worker again
     assert again.resume(tmp_path, "run/ckpt/best") == 4 * (result.best_epoch + 1)
     assert again.evaluate(held_out) == result.validation[result.best_epoch]
+
+
+def test_the_best_epoch_outlives_a_resume(worker, tmp_path):
+    data, held_out = batches(4), batches(2, seed=9)
+    same = {"same": lambda out, y: 0.0}  # every epoch ties: only the first is the best
+    _, t = split(worker)
+    t.fit(data, epochs=2, validate=held_out, metrics=same, best="same",
+          checkpoint=(tmp_path, "run/ckpt"))
+    kept = Store(tmp_path).resolve("run/ckpt/best").digest
+    _, again = split(worker)
+    assert again.resume(tmp_path, "run/ckpt") == 8
+    result = again.fit(data, epochs=4, validate=held_out, metrics=same, best="same",
+                       checkpoint=(tmp_path, "run/ckpt"))
+    assert len(result.validation) == 2 and result.best_epoch is None  # none beat the run's
+    assert Store(tmp_path).resolve("run/ckpt/best").digest == kept
 
 
 def test_the_graph_itself_refuses_once_its_body_learns_on_a_worker(worker):

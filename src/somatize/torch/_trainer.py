@@ -159,6 +159,7 @@ class Trainer:
         self._described = False  # whether the watchers were told what the graph is
         self._steps = 0  # steps taken, over the Trainer's life
         self._skip = 0  # steps a resumed run took already, which fit() walks past
+        self._best: list[Any] | None = None  # [measure, higher, value]: fit's best so far
         self._checked = False
         self._audit = audit
         self._privacy = privacy
@@ -275,13 +276,15 @@ class Trainer:
         ``validate=batches`` evaluates them after each epoch's steps (``evaluate``, with
         ``metrics``), into ``Result.validation``. The best epoch by ``best`` (the loss,
         or a metric's name; lower is better unless ``higher``) is ``Result.best_epoch``,
-        and with a checkpoint it is kept under ``name + "/best"`` as it ends.
+        and with a checkpoint it is kept under ``name + "/best"`` as it ends; the best is
+        the run's, across fits and a resume (kept in the checkpoint), so a later epoch
+        replaces it only by doing better.
         ``patience=k`` stops after ``k`` epochs in a row that did no better. An epoch a
-        resumed run had finished is not evaluated again, and the best is this call's.
+        resumed run had finished is not evaluated again.
         """
         epochs = whole_number(epochs, "epochs", of="fit()")
         keeper = kept_by(checkpoint, checkpoint_every)
-        judge = _Judge(validate, metrics, best, higher, patience, epochs)
+        judge = _Judge(validate, metrics, best, higher, patience, epochs, self._best)
         try:
             walked = iter(data)
         except TypeError:
@@ -313,8 +316,10 @@ class Trainer:
                         bar.update()
                 if judge.data is not None and len(history) > taken:  # not an epoch resumed past
                     validation.append(self.evaluate(judge.data, judge.metrics))
-                    if judge.improved(validation[-1], len(validation) - 1) and checkpoint is not None:
-                        self.checkpoint(checkpoint[0], f"{checkpoint[1]}/best")
+                    if judge.improved(validation[-1], len(validation) - 1):
+                        self._best = [judge.best, judge.higher, judge.best_value]
+                        if checkpoint is not None:
+                            self.checkpoint(checkpoint[0], f"{checkpoint[1]}/best")
                     if judge.exhausted():
                         break
             if history or not resumed:  # a run whose steps were all taken ended before
@@ -455,6 +460,8 @@ class Trainer:
         if counters["checked"]:  # the first update's checks were made in the kept run
             self._checked, self._unheld = True, {}
         self._skip = self._steps
+        best = counters.get("best")
+        self._best = list(best) if isinstance(best, (list, tuple)) and len(best) == 3 else None
         return self._steps
 
     def seed(self, seed: int) -> None:
@@ -469,7 +476,8 @@ class Trainer:
     def _run(self) -> Run:
         return Run(self._graph, self._optimizer, self._staged,
                    {"steps": self._steps, "taken": self._taken, "every": self._every,
-                    "micro": self._micro, "checked": self._checked}, self._broker)
+                    "micro": self._micro, "checked": self._checked, "best": self._best},
+                   self._broker)
 
     # -- the four movements -------------------------------------------------------------
     def _open(self) -> None:
@@ -616,7 +624,7 @@ class _Judge:
     best by ``best``; ``patience`` epochs in a row without doing better end the fit."""
 
     def __init__(self, data: Any, metrics: Any, best: str, higher: bool, patience: Any,
-                 epochs: int):
+                 epochs: int, before: list[Any] | None = None):
         self.data = data
         self.metrics = checked_metrics(metrics)
         if data is not None and epochs > 1 and iter(data) is data:
@@ -632,7 +640,10 @@ class _Judge:
         self.best, self.higher = best, bool(higher)
         self.patience = None if patience is None else whole_number(patience, "patience",
                                                                   of="fit()")
-        self.best_value: float | None = None
+        # The best of this run's earlier fits (a resumed one's included), where it was
+        # judged by the same measure the same way: a later epoch must beat it.
+        self.best_value: float | None = (before[2] if before and before[:2] == [best, self.higher]
+                                         else None)
         self.best_epoch: int | None = None
         self.since = 0  # epochs since the best one
 
