@@ -12,6 +12,7 @@ from somatize import Broker, Graph, WireError, Worker
 from somatize.torch import Split, Trainer, parameters
 from somatize._node import Ctx
 from somatize.torch._learning import Enters, envelope
+from somatize.wire.log import say
 from somatize.wire.server import Server
 
 mse = torch.nn.functional.mse_loss
@@ -55,7 +56,17 @@ def same(a, b):
 
 
 @pytest.fixture(scope="module")
-def in_process():
+def quiet():
+    """A worker in this process says its everyday lines on this process's stderr, where
+    its threads' lines, written once a test's capture is over, land in pytest's own
+    output; they are left out here, as `--quiet` leaves them out of a worker's."""
+    said, say.routine_too = say.routine_too, False
+    yield
+    say.routine_too = said
+
+
+@pytest.fixture(scope="module")
+def in_process(quiet):
     """A worker serving on a thread of this process, over a real socket."""
     server = Server("127.0.0.1", 0, token=TOKEN.encode())
     thread = threading.Thread(target=server.serve, daemon=True)
