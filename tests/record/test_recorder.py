@@ -18,6 +18,7 @@ import pytest
 import somatize
 from somatize import Graph, Node, RecordError, UnwritableError
 from somatize.record import FORMAT, Recorder, facts, forwards
+from somatize.record import _recorder
 from somatize.record._read import forwards_of, listed, read
 from somatize.store import Store
 
@@ -149,7 +150,10 @@ def test_every_forwards_name_resolves_to_that_forward_however_it_is_batched(stor
     assert [name for name, _ in there[:9]] == [f"run/{r.run}/{n}" for n in range(9)]
 
 
-def test_a_read_of_other_names_writes_nothing_early(store):
+def test_a_read_of_other_names_writes_nothing_early(store, monkeypatch):
+    # the writer trails by a quarter second, which a busy machine can take between two
+    # lines here; two seconds leave this test room to look before it writes
+    monkeypatch.setattr(_recorder, "TRAIL", 2.0)
     recorder = Recorder(store, run="r")
     two_nodes().forward(1, watching=recorder)
     store.keep("elsewhere", 1)
