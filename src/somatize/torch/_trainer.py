@@ -37,6 +37,7 @@ from .._node import Opaque
 from .._remember import open_store
 from ..store._store import check_name
 from .._slices import finish, runner_of
+from ._architecture import architecture
 from ._audit import audit_for
 from ._checks import (
     check_caches,
@@ -187,6 +188,13 @@ class Trainer:
             said = {"fact": "graph", "graph": describe(self._graph.data()),
                     "optimizer": type(self._optimizer).__qualname__
                     if self._optimizer is not None else None}
+            # What each node holds, read from its module tree without a forward (a node
+            # trained on a worker is an object here too): a report drawn from the record
+            # alone opens the boxes as architecture() would.
+            inside = architecture(self._graph)
+            if inside:
+                said["inside"] = {node: [[path, what] for path, what in parts]
+                                  for node, parts in inside.items()}
             # A narrower type on a cut changes the arithmetic: the record says where.
             compressed = {n: str(learning.compress).removeprefix("torch.")
                           for n, learning in (self._staged.trains.items() if self._staged else ())
