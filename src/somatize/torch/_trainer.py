@@ -90,7 +90,10 @@ class Trainer:
     ``micro`` pieces make one step; they multiply. ``store`` makes a frozen
     ``.cached()`` prefix run once per distinct batch. ``broker`` says where the hosts
     are; ``workers={host: Worker}`` says the same in the reference pages' spelling.
-    ``watching`` is handed to every forward and also told ``loss`` and ``updated``.
+    ``watching`` is handed to every forward and also told ``loss`` and ``updated``,
+    and once, before the first forward, ``graph``: the graph described, the optimizer's
+    class and, as ``inside``, what each node holds (``architecture(graph)``, without an
+    example), so that a report drawn from the record alone opens the nodes' boxes.
     ``auditing=True`` (or an ``Audit``) hooks the graph and tells ``watching`` one
     ``health`` fact per node after each measured step (``Audit(leaks=True)`` adds, per
     trained cut, what a worker could learn from what it is sent); ``protecting={node:
