@@ -21,7 +21,7 @@ from ._node import Opaque
 from ._remember import Memory, foreseen
 from ._slices import Runner, Later, Shape, Slice, runner_of, fan_out, new_forward_id, spread
 from ._transpose import backward, walk_back
-from ._walk import LostValue, Mapping, Program, program, settle, walk
+from ._walk import LostValue, Mapping, Program, program, unwrapped, walk
 
 __all__ = ["Pass", "execute", "foresee", "run_slice"]
 
@@ -273,10 +273,10 @@ class Walk:
     def run(self, one: Pass, input: Any, values: Iterable[Any], broker: Any, store: Any,
             later: bool = False) -> Any:
         """Walks it once with these values (in ``given``'s order), as part of ``one``."""
-        value = input.value if type(input) is Opaque else settle(input, None)
+        value = input.value if type(input) is Opaque else unwrapped(input, None)
         vals: list[Any] = [None] * self.size
         for at, node_id, v in zip(self.slots, self.given, values):
-            vals[at] = v.value if type(v) is Opaque else settle(v, node_id)
+            vals[at] = v.value if type(v) is Opaque else unwrapped(v, node_id)
         hooks = None
         if self.hooked:
             prog = self.prog
@@ -332,7 +332,7 @@ class Walk:
                 walk(prog, order, vals, value, hooks, one.emit, one.since)
             else:
                 pieces, here = _wave(prog, order, remotes, vals, value, hooks, one, forward_id)
-                _settled(prog, remotes, fan_out(backend, pieces, here), vals, one.emit)
+                _into_slots(prog, remotes, fan_out(backend, pieces, here), vals, one.emit)
 
     def _segments(self, one: Pass, vals: list[Any], value: Any, backend: Runner | None,
                   hooks: Any):
@@ -348,7 +348,7 @@ class Walk:
                 walk(prog, order, vals, value, hooks, one.emit, one.since)
             else:
                 pieces, here = _wave(prog, order, remotes, vals, value, hooks, one, forward_id)
-                _settled(prog, remotes, (yield from spread(backend, pieces, here)), vals, one.emit)
+                _into_slots(prog, remotes, (yield from spread(backend, pieces, here)), vals, one.emit)
 
 
 def _read(v: Any, reader: str) -> Any:
@@ -369,14 +369,14 @@ def _wave(prog: Program, order: list[int], remotes: list[tuple[Shape, list]], va
     return pieces, here
 
 
-def _settled(prog: Program, remotes: list[tuple[Shape, list]],
-             settled: list[tuple[Any, Exception | None]], vals: list[Any], emit: Any) -> None:
+def _into_slots(prog: Program, remotes: list[tuple[Shape, list]],
+             answers: list[tuple[Any, Exception | None]], vals: list[Any], emit: Any) -> None:
     """What came back from a wave's slices, into their slots (a ``LostValue`` for an
     output that stayed where it was made); the first failure raised once every answer
     was read and every fact said."""
     failure = None
     index = prog.index
-    for (shape, _), (outcome, error) in zip(remotes, settled):
+    for (shape, _), (outcome, error) in zip(remotes, answers):
         if error is not None:
             failure = failure or error
             if emit is not None:

@@ -161,10 +161,10 @@ def spread(backend: Runner, pieces: list[Slice], meanwhile: Callable[[], None] |
             meanwhile()
     except BaseException:
         for future in futures:  # read, so none is left half-answered on its wire
-            _settled(future)
+            _answer_or_error(future)
         raise
     yield
-    return [_settled(f) for f in futures]
+    return [_answer_or_error(f) for f in futures]
 
 
 def finish(generator: Any) -> Any:
@@ -201,7 +201,7 @@ class Later:
         return self._answer()
 
 
-def _settled(future: Future) -> tuple[Outcome | None, Exception | None]:
+def _answer_or_error(future: Future) -> tuple[Outcome | None, Exception | None]:
     try:
         return future.result(), None
     except Exception as exc:

@@ -109,8 +109,8 @@ class Back:
         if self.local is not None:
             meanwhile = lambda: self._here(given, emit, one.since, answered)  # noqa: E731
 
-        def gathered(settled: list) -> dict[str, Any]:
-            for outcome, error in settled:
+        def gathered(answers: list) -> dict[str, Any]:
+            for outcome, error in answers:
                 if error is not None:
                     raise error
                 answered.update(outcome.values)

@@ -1,5 +1,10 @@
 """Worker: where a slice goes and how to pack for it — a declaration, not a connection.
 
+``Worker`` is what a user holds for every kind of worker: its constructors say which
+(``at``, ``generic`` and ``spawn`` a process reached over a socket, a ``SocketWorker``;
+``on_ray`` a Ray actor; ``in_process`` a host in this process), and each answers a
+``Worker``. The socket one is here; the others are filled in by their own modules.
+
 Declaring opens nothing, so a host that is not there fails when a slice needs it and
 not when it is named. The children of ``generic`` and ``spawn`` are started when
 declared (so their start-up overlaps whatever the client does next) but waited for
@@ -30,9 +35,9 @@ from .._errors import DeclarationError, StateLost, WireError
 from .._optional import optional
 from .client import SocketLink
 from .protocol import Limits
-from .transport import Link, Place, Tenancy
+from .transport import Link, Place, SessionThere
 
-__all__ = ["Worker", "parse_address", "provides", "sharing_cores"]
+__all__ = ["SocketWorker", "Worker", "parse_address", "provides", "sharing_cores"]
 
 _LISTENING = re.compile(r"^listening on (\[[0-9A-Fa-f:.]+\]|[^\s:]+):(\d+)\s*$")
 _STARTUP = 60.0  # how long a child may take to say where it listens
@@ -77,7 +82,7 @@ def _tls(tls: Any) -> ssl.SSLContext | None:
 
 
 # Places a worker can be besides a socket. Each is filled in by a module (of a layer
-# above this one, or beside it) that subclasses Place and says so with ``provides`` as
+# above this one, or beside it) that subclasses Worker and says so with ``provides`` as
 # it loads. Asking for a place finds its module by the name written here, the way
 # fsspec finds its implementations, so a user need not import it first.
 _PLACED_BY = {"ray": ("somatize.ray", "ray"),  # place: (its module, the extra it needs)
@@ -104,8 +109,88 @@ def _placed(name: str) -> Any:
 
 
 class Worker(Place):
-    """A worker process reached over a socket: where a slice goes, and how to pack for
-    it. It opens nothing.
+    """A worker: where the slices of the hosts it is listed for run, and how to pack
+    for it. Declaring one opens nothing.
+
+    Every kind is a ``Worker``, whatever carries its slices: ``Worker.at``,
+    ``Worker.generic`` and ``Worker.spawn`` (or ``Worker(target, ...)`` itself) a
+    process reached over a socket, ``Worker.on_ray`` a Ray actor, ``Worker.in_process``
+    a host in this very process. A transport's place subclasses it, so that what a
+    constructor answers is the class the user named.
+    """
+
+    def __new__(cls, *args: Any, **options: Any) -> Worker:
+        # Worker(target, ...) has always meant the socket worker; the subclasses are
+        # their own.
+        return super().__new__(SocketWorker if cls is Worker else cls)
+
+    @classmethod
+    def at(cls, addr: str, mode: str = "project", send: Sequence[str] = (), *,
+           token: str | bytes | None = None, tls: Any = None,
+           timeout: float | None = None, deadline: float | None = None) -> Worker:
+        """A worker already standing at ``addr``; the token defaults to SOMATIZE_TOKEN."""
+        return SocketWorker(addr, mode, send, token=token, tls=tls, timeout=timeout,
+                            deadline=deadline)
+
+    @classmethod
+    def generic(cls, mode: str = "project", send: Sequence[str] = (), python: str | None = None,
+                *, timeout: float | None = None, log: str | os.PathLike | None = None,
+                verbose: bool | None = None, deadline: float | None = None) -> Worker:
+        """A child ``python -m somatize.worker`` on a free loopback port, with a fresh
+        token and this process's environment (so the same code is importable there).
+
+        Its everyday lines (a connection, a catalog, a slice) would drown a training
+        loop's output in this terminal, so they are left out; ``log`` sends the whole
+        log to that file instead, and ``verbose=True`` (or ``SOMATIZE_WORKER_VERBOSE=1``)
+        brings the lines back here. Failures and warnings are always said.
+        """
+        argv = [python or sys.executable, "-m", "somatize.worker", "--listen", "127.0.0.1:0"]
+        if log is not None:
+            argv += ["--log", os.fspath(log)]
+        if verbose is None:
+            verbose = os.environ.get("SOMATIZE_WORKER_VERBOSE", "") not in ("", "0")
+        if log is None and not verbose:
+            argv.append("--quiet")
+        return SocketWorker(argv, mode, send, timeout=timeout, deadline=deadline)
+
+    @classmethod
+    def spawn(cls, argv: list[str], mode: str = "project", send: Sequence[str] = (), *,
+              timeout: float | None = None, deadline: float | None = None) -> Worker:
+        """Any child that prints ``listening on HOST:PORT`` first; it is handed a fresh
+        token in SOMATIZE_TOKEN."""
+        return SocketWorker(list(argv), mode, send, timeout=timeout, deadline=deadline)
+
+    @classmethod
+    def on_ray(cls, mode: str = "project", send: Sequence[str] = (), *,
+               num_cpus: float | None = None, num_gpus: float | None = None,
+               resources: dict[str, float] | None = None, runtime_env: dict[str, Any] | None = None,
+               max_restarts: int = 3, timeout: float | None = None,
+               deadline: float | None = None, name: str | None = None) -> Worker:
+        """A worker that is a Ray actor, placed by the cluster where these resources
+        are (``num_gpus=1``); ``runtime_env`` is handed to Ray as it is. It connects
+        to the cluster ``ray.init`` did, or starts a local one. ``timeout`` bounds how
+        long the cluster may take to place the actor (by default a minute: a node may
+        be starting); Ray restarts an actor that died up to ``max_restarts`` times.
+        ``name`` makes it the one actor of that name on the cluster, which every client
+        naming it reaches, from any process — where clients share a trainer
+        (``Split(..., shared=key)``) — and which outlives them all, closing included.
+        Needs the ``ray`` extra: ``pip install 'somatize[ray]'``."""
+        return _placed("ray")(mode, send, num_cpus=num_cpus, num_gpus=num_gpus, resources=resources,
+                    runtime_env=runtime_env, max_restarts=max_restarts, timeout=timeout,
+                    deadline=deadline, name=name)
+
+    @classmethod
+    def in_process(cls, mode: str = "network", send: Sequence[str] = (), *,
+                   deadline: float | None = None) -> Worker:
+        """A host in this very process, reached through a real pickle round trip of every
+        message and run by the worker's own code (``wire.host``): what a test, or a
+        notebook with no second machine, hands a broker where a worker would go. Its
+        ``restart()`` makes it a fresh host, as a worker that restarted is."""
+        return _placed("in_process")(mode, send, deadline=deadline)
+
+
+class SocketWorker(Worker):
+    """A worker process reached over a socket (``Worker.at``, ``generic``, ``spawn``).
 
     ``target`` is an address (``"node3:7000"``, a worker already standing) or an argv
     (a child to start). ``mode="project"`` sends nodes by reference (the worker
@@ -146,69 +231,6 @@ class Worker(Place):
         self._lanes_carried = {"sent": 0, "received": 0}  # by the lanes closed since
         self._wire = (b"at " + f"{self._target[0].lower()}:{self._target[1]}".encode()
                       if self._target else b"child " + secrets.token_hex(16).encode())
-
-    @classmethod
-    def at(cls, addr: str, mode: str = "project", send: Sequence[str] = (), *,
-           token: str | bytes | None = None, tls: Any = None,
-           timeout: float | None = None, deadline: float | None = None) -> Worker:
-        """A worker already standing at ``addr``; the token defaults to SOMATIZE_TOKEN."""
-        return cls(addr, mode, send, token=token, tls=tls, timeout=timeout, deadline=deadline)
-
-    @classmethod
-    def generic(cls, mode: str = "project", send: Sequence[str] = (), python: str | None = None,
-                *, timeout: float | None = None, log: str | os.PathLike | None = None,
-                verbose: bool | None = None, deadline: float | None = None) -> Worker:
-        """A child ``python -m somatize.worker`` on a free loopback port, with a fresh
-        token and this process's environment (so the same code is importable there).
-
-        Its everyday lines (a connection, a catalog, a slice) would drown a training
-        loop's output in this terminal, so they are left out; ``log`` sends the whole
-        log to that file instead, and ``verbose=True`` (or ``SOMATIZE_WORKER_VERBOSE=1``)
-        brings the lines back here. Failures and warnings are always said.
-        """
-        argv = [python or sys.executable, "-m", "somatize.worker", "--listen", "127.0.0.1:0"]
-        if log is not None:
-            argv += ["--log", os.fspath(log)]
-        if verbose is None:
-            verbose = os.environ.get("SOMATIZE_WORKER_VERBOSE", "") not in ("", "0")
-        if log is None and not verbose:
-            argv.append("--quiet")
-        return cls(argv, mode, send, timeout=timeout, deadline=deadline)
-
-    @classmethod
-    def spawn(cls, argv: list[str], mode: str = "project", send: Sequence[str] = (), *,
-              timeout: float | None = None, deadline: float | None = None) -> Worker:
-        """Any child that prints ``listening on HOST:PORT`` first; it is handed a fresh
-        token in SOMATIZE_TOKEN."""
-        return cls(list(argv), mode, send, timeout=timeout, deadline=deadline)
-
-    @classmethod
-    def on_ray(cls, mode: str = "project", send: Sequence[str] = (), *,
-               num_cpus: float | None = None, num_gpus: float | None = None,
-               resources: dict[str, float] | None = None, runtime_env: dict[str, Any] | None = None,
-               max_restarts: int = 3, timeout: float | None = None,
-               deadline: float | None = None, name: str | None = None) -> Worker:
-        """A worker that is a Ray actor, placed by the cluster where these resources
-        are (``num_gpus=1``); ``runtime_env`` is handed to Ray as it is. It connects
-        to the cluster ``ray.init`` did, or starts a local one. ``timeout`` bounds how
-        long the cluster may take to place the actor (by default a minute: a node may
-        be starting); Ray restarts an actor that died up to ``max_restarts`` times.
-        ``name`` makes it the one actor of that name on the cluster, which every client
-        naming it reaches, from any process — where clients share a trainer
-        (``Split(..., shared=key)``) — and which outlives them all, closing included.
-        Needs the ``ray`` extra: ``pip install 'somatize[ray]'``."""
-        return _placed("ray")(mode, send, num_cpus=num_cpus, num_gpus=num_gpus, resources=resources,
-                    runtime_env=runtime_env, max_restarts=max_restarts, timeout=timeout,
-                    deadline=deadline, name=name)
-
-    @classmethod
-    def in_process(cls, mode: str = "network", send: Sequence[str] = (), *,
-                   deadline: float | None = None) -> Place:
-        """A host in this very process, reached through a real pickle round trip of every
-        message and run by the worker's own code (``wire.host``): what a test, or a
-        notebook with no second machine, hands a broker where a worker would go. Its
-        ``restart()`` makes it a fresh host, as a worker that restarted is."""
-        return _placed("in_process")(mode, send, deadline=deadline)
 
     # -- the child --------------------------------------------------------------------
     def _start(self) -> None:
@@ -281,21 +303,21 @@ class Worker(Place):
             return f"the child {self._argv!r}"
         return f"[{address[0]}]:{address[1]}" if ":" in address[0] else f"{address[0]}:{address[1]}"
 
-    def link_for(self, tenancy: Tenancy) -> Link:
+    def link_for(self, there: SessionThere) -> Link:
         """A session that shares a trainer there has a connection of its own: a worker
         answers one connection's requests in turn, and a shared trainer's slice may wait
         for another client's gradient, which must not queue behind it."""
-        if not tenancy.shares:
+        if not there.shares:
             return self._link
-        lane = self._lanes.get(tenancy.session)
+        lane = self._lanes.get(there.session)
         if lane is None:
-            lane = self._lanes.setdefault(tenancy.session, SocketLink(self))
+            lane = self._lanes.setdefault(there.session, SocketLink(self))
         return lane
 
-    def end(self, tenancy: Tenancy) -> None:
+    def end(self, there: SessionThere) -> None:
         """Ends the session there; its own connection, if it had one, goes with it."""
-        super().end(tenancy)
-        lane = self._lanes.pop(tenancy.session, None)
+        super().end(there)
+        lane = self._lanes.pop(there.session, None)
         if lane is not None:
             lane.close()
             for way, size in lane.traffic().items():
@@ -422,7 +444,7 @@ class _Spawner:
 
 
 _spawner = _Spawner()
-_children: weakref.WeakSet[Worker] = weakref.WeakSet()
+_children: weakref.WeakSet[SocketWorker] = weakref.WeakSet()
 
 
 @atexit.register
