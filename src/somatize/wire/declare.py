@@ -120,8 +120,8 @@ class Worker(Place):
     """
 
     def __new__(cls, *args: Any, **options: Any) -> Worker:
-        # Worker(target, ...) has always meant the socket worker; the subclasses are
-        # their own.
+        # Worker(target, ...) has always meant the socket worker (and so Worker.at,
+        # generic and spawn); a subclass is its own.
         return super().__new__(SocketWorker if cls is Worker else cls)
 
     @classmethod
@@ -129,8 +129,7 @@ class Worker(Place):
            token: str | bytes | None = None, tls: Any = None,
            timeout: float | None = None, deadline: float | None = None) -> Worker:
         """A worker already standing at ``addr``; the token defaults to SOMATIZE_TOKEN."""
-        return SocketWorker(addr, mode, send, token=token, tls=tls, timeout=timeout,
-                            deadline=deadline)
+        return cls(addr, mode, send, token=token, tls=tls, timeout=timeout, deadline=deadline)
 
     @classmethod
     def generic(cls, mode: str = "project", send: Sequence[str] = (), python: str | None = None,
@@ -151,14 +150,14 @@ class Worker(Place):
             verbose = os.environ.get("SOMATIZE_WORKER_VERBOSE", "") not in ("", "0")
         if log is None and not verbose:
             argv.append("--quiet")
-        return SocketWorker(argv, mode, send, timeout=timeout, deadline=deadline)
+        return cls(argv, mode, send, timeout=timeout, deadline=deadline)
 
     @classmethod
     def spawn(cls, argv: list[str], mode: str = "project", send: Sequence[str] = (), *,
               timeout: float | None = None, deadline: float | None = None) -> Worker:
         """Any child that prints ``listening on HOST:PORT`` first; it is handed a fresh
         token in SOMATIZE_TOKEN."""
-        return SocketWorker(list(argv), mode, send, timeout=timeout, deadline=deadline)
+        return cls(list(argv), mode, send, timeout=timeout, deadline=deadline)
 
     @classmethod
     def on_ray(cls, mode: str = "project", send: Sequence[str] = (), *,
