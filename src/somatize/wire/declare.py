@@ -33,6 +33,7 @@ from typing import Any
 
 from .._errors import DeclarationError, StateLost, WireError
 from .._optional import optional
+from .._registries import PLACES
 from .client import SocketLink
 from .protocol import Limits
 from .transport import Link, Place, SessionThere
@@ -83,10 +84,9 @@ def _tls(tls: Any) -> ssl.SSLContext | None:
 
 # Places a worker can be besides a socket. Each is filled in by a module (of a layer
 # above this one, or beside it) that subclasses Worker and says so with ``provides`` as
-# it loads. Asking for a place finds its module by the name written here, the way
-# fsspec finds its implementations, so a user need not import it first.
-_PLACED_BY = {"ray": ("somatize.ray", "ray"),  # place: (its module, the extra it needs)
-              "in_process": ("somatize.wire.inprocess", "wire")}
+# it loads. Asking for a place finds its module by the name the registries' table
+# gives it (``_registries.PLACES``, beside the ``places`` row), the way fsspec finds
+# its implementations, so a user need not import it first.
 _places: dict[str, Any] = {}
 
 
@@ -99,7 +99,7 @@ def _placed(name: str) -> Any:
     """What answers ``Worker.on_<name>``, loading the module that fills it if need be."""
     make = _places.get(name)
     if make is None:
-        module, extra = _PLACED_BY[name]
+        module, extra = PLACES[name]
         optional(module, extra, f"Worker.on_{name}")
         make = _places.get(name)
         if make is None:  # only a broken install has the module but not its place
