@@ -324,6 +324,43 @@ def test_evaluating_between_protected_steps_changes_nothing_that_follows(worker,
                for n in never["weights"] for k in never["weights"][n])
 
 
+def protected_trainer(worker, protection, seed):
+    g = net(30, 2)
+    trains = {"body": Split(torch.optim.Adam, lr=1e-2)}
+    t = Trainer(g, objective=cross_entropy, trains=trains, workers={"gpu": worker},
+                optimizer=torch.optim.Adam(parameters(g, without=trains), lr=1e-2),
+                protecting={"body": protection} if protection else None)
+    t.seed(seed)
+    return t
+
+
+def test_a_resumed_protected_run_goes_on_as_one_never_interrupted(worker, tmp_path):
+    from somatize import Store
+
+    every = Protection(noise=0.2, nopeek=0.5, gradients=1.0)
+    steps = batches(*data("cancer", rows=128))
+    never = protected_trainer(worker, every, seed=7)
+    losses = [never.step(b) for b in steps]
+    never.close()
+    store = Store(str(tmp_path / "store"))
+    first = protected_trainer(worker, every, seed=7)
+    for b in steps[:2]:
+        first.step(b)
+    first.checkpoint(store, "ck")
+    first.close()
+    # seeded alike, the resumed run's defences would draw the first steps' noise again
+    resumed = protected_trainer(worker, every, seed=7)
+    assert resumed.resume(store, "ck") == 2
+    assert [resumed.step(b) for b in steps[2:]] == losses[2:]
+    resumed.close()
+    plain = protected_trainer(worker, None, seed=7)  # kept without protecting=
+    plain.step(steps[0])
+    plain.checkpoint(store, "plain")
+    plain.close()
+    with pytest.warns(UserWarning, match="no state of the defences' noise"):
+        assert protected_trainer(worker, every, seed=7).resume(store, "plain") == 1
+
+
 # -- what is refused, and what is said -------------------------------------------------------
 def test_a_protection_of_a_node_not_trained_where_it_runs_is_refused(worker):
     g = net(30, 2)
