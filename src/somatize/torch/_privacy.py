@@ -210,9 +210,9 @@ class Protection:
     (in their own units). ``nopeek``: the weight of the distance correlation between
     the batch's input and the activations sent, added to the objective so the part
     here learns to send less of the input. ``gradients``: the strength of the noise
-    added to the gradients sent — their norms evened out to the batch's largest, and
-    noise along the directions that tell the batch's classes apart, this many times
-    their size (``noisy_gradient``); 0 leaves them as they are.
+    added to the gradients sent — along the directions that tell the batch's classes
+    apart, this many times their size, and isotropic noise as large
+    (``noisy_gradient``); 0 leaves them as they are.
     All three 0 (the default) change nothing.
     """
 
