@@ -23,6 +23,13 @@ with ``Audit(leaks=True)`` measuring every step what the body was sent:
 - ``acc``: the test accuracy of the trained model (no noise at test time), ``lost``
   its points against no defence, same seeds, same run.
 
+The rows: no defence; noise on the activations; NoPeek trained with the textbook
+distance correlation (``nopeek``, the paper's) and with the bias-corrected one
+(``nopeek bc``, ``Protection(dcor="corrected")``); the gradient defence over its
+strength (the curve). The cut is 64 wide: at 32, halving the corrected dcor on
+digits cost 3.3 to 3.9 points with either term (a plain-torch sweep of weights 1 to
+10, a warm-up of the weight, noise beside it, 16 epochs), at 64 under two.
+
 Every row is the mean over ``--seeds`` seeds, each run seeded through
 ``Trainer.seed``. The anchors: the same run with no defence (measured here), the
 input's dcor with a batch of independent noise and with the labels themselves (one
@@ -56,7 +63,7 @@ from somatize import Graph, Node, Opaque, Worker  # noqa: E402
 from somatize.torch import Audit, Protection, Split, Trainer, parameters  # noqa: E402
 from somatize.torch._privacy import distance_correlation, run_norm_leak  # noqa: E402
 
-WIDTH, BATCH, LR = 32, 32, 1e-2
+WIDTH, BATCH, LR = 64, 32, 1e-2
 
 
 class Dense(Node):
@@ -142,14 +149,17 @@ CURVE = (0.25, 0.5, 0.75, 1.0, 2.0, 4.0)  # the gradient defence's strengths
 
 
 def rows_of(quick: bool) -> list[tuple[str, Protection | None]]:
+    """``nopeek`` rows train with the textbook distance correlation, NoPeek's own;
+    ``nopeek bc`` with the bias-corrected one (``Protection(dcor="corrected")``)."""
     if quick:
         return [("none", None), ("noise 2", Protection(noise=2.0)),
-                ("nopeek 3", Protection(nopeek=3.0)), ("gradients 0.5", Protection(gradients=0.5)),
+                ("nopeek bc 3", Protection(nopeek=3.0, dcor="corrected")),
+                ("gradients 0.75", Protection(gradients=0.75)),
                 ("gradients 1", Protection(gradients=1.0))]
     return ([("none", None), ("noise 0.5", Protection(noise=0.5)),
-             ("noise 2", Protection(noise=2.0)), ("nopeek 1", Protection(nopeek=1.0)),
-             ("nopeek 3", Protection(nopeek=3.0)), ("nopeek 6", Protection(nopeek=6.0)),
-             ("nopeek 10", Protection(nopeek=10.0))]
+             ("noise 2", Protection(noise=2.0))]
+            + [(f"nopeek {w:g}", Protection(nopeek=w)) for w in (3.0, 6.0, 10.0)]
+            + [(f"nopeek bc {w:g}", Protection(nopeek=w, dcor="corrected")) for w in (2, 3, 5)]
             + [(f"gradients {s:g}", Protection(gradients=s)) for s in CURVE])
 
 
@@ -187,15 +197,19 @@ def targets(results: dict[str, dict]) -> list[str]:
         lines.append(f"  gradient defence, norm and direction AUC (and ep1) <= 0.65 at <= 3 points "
                      f"lost: {label}: norm {r['norm']:.3f}, direction {r['direction']:.3f}, ep1 "
                      f"{r['first']:.3f}, lost {lost[label]:.1f} ({'met' if meeting else 'missed'})")
-    peeks = {k: r for k, r in results.items() if k.startswith("nopeek")}
-    if peeks:
+    for term in ("textbook", "corrected"):
+        peeks = {k: r for k, r in results.items() if k.startswith("nopeek")
+                 and ("corrected" if k.startswith("nopeek bc") else "textbook") == term}
+        if not peeks:
+            continue
         ratio = {k: r["corrected"] / none["corrected"] for k, r in peeks.items()}
         meeting = [k for k in peeks if ratio[k] <= 0.5 and lost[k] <= 3]
-        label = meeting[0] if meeting else min(peeks, key=lambda k: ratio[k] + lost[k] / 100)
+        affordable = [k for k in peeks if lost[k] <= 3]
+        label = meeting[0] if meeting else min(affordable or peeks, key=lambda k: ratio[k])
         r = peeks[label]
-        lines.append(f"  NoPeek, dcor (bias-corrected) <= 0.5x at <= 3 points lost: {label}: "
-                     f"{ratio[label]:.2f}x (textbook {r['dcor'] / none['dcor']:.2f}x), lost "
-                     f"{lost[label]:.1f} ({'met' if meeting else 'missed'})")
+        lines.append(f"  NoPeek ({term} term), dcor (bias-corrected) <= 0.5x at <= 3 points lost: "
+                     f"{label}: {ratio[label]:.2f}x (textbook {r['dcor'] / none['dcor']:.2f}x),"
+                     f" lost {lost[label]:.1f} ({'met' if meeting else 'missed'})")
     return lines
 
 
@@ -213,8 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     seeds = args.seeds or (1 if args.quick else 3)
     torch.set_num_threads(1)
     began = time.perf_counter()
-    print(f"U-shape split learning, body on a worker process; batch {BATCH}, Adam {LR:g}, "
-          f"mean of {seeds} seed(s)")
+    print(f"U-shape split learning, body on a worker process; cut {WIDTH} wide, batch {BATCH}, "
+          f"Adam {LR:g}, mean of {seeds} seed(s)")
     print("paper anchor: vanilla split learning, leak AUC 0.9997 (Li et al. 2022, "
           "Attack_SplitNN reproduction)")
     with Worker.generic(mode="network", send=[__name__]) as worker:

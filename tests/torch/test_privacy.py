@@ -266,7 +266,7 @@ def test_without_labels_the_gradient_defence_evens_the_norms():
     assert float(norms.max() / norms.min()) < 1.15
 
 
-def plain_torch_nopeek(x, y, weight, steps):
+def plain_torch_nopeek(x, y, weight, steps, penalty):
     """The NoPeek objective trained in one piece, plain torch: the model as three
     Linear layers with the same initial weights as ``net``."""
     torch.manual_seed(0)
@@ -279,7 +279,7 @@ def plain_torch_nopeek(x, y, weight, steps):
         sent = torch.relu(encoder(xb))
         out = head(torch.relu(body(sent)))
         rows = xb.reshape(len(xb), -1)
-        loss = cross_entropy(out, yb) + weight * _dcor_plain(rows, sent)
+        loss = cross_entropy(out, yb) + weight * penalty(rows, sent)
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
@@ -294,10 +294,26 @@ def _dcor_plain(x, y):
     return ((a * b).mean() / ((a * a).mean() * (b * b).mean()).sqrt()).sqrt()
 
 
-def test_nopeek_trains_what_the_same_objective_trains_in_one_piece(worker, tmp_path):
+def _corrected_squared_plain(x, y):
+    """Székely and Rizzo's bias-corrected dCor², U-centred, in plain torch."""
+    def u_centred(a):
+        n = len(a)
+        d = torch.cdist(a, a, compute_mode="donot_use_mm_for_euclid_dist")
+        u = (d - d.sum(0, keepdim=True) / (n - 2) - d.sum(1, keepdim=True) / (n - 2)
+             + d.sum() / ((n - 1) * (n - 2)))
+        return u - torch.diag(torch.diagonal(u))
+    a, b = u_centred(x), u_centred(y)
+    return (a * b).sum() / ((a * a).sum() * (b * b).sum()).sqrt()
+
+
+@pytest.mark.parametrize("dcor, penalty", [("textbook", _dcor_plain),
+                                           ("corrected", _corrected_squared_plain)])
+def test_nopeek_trains_what_the_same_objective_trains_in_one_piece(worker, tmp_path, dcor,
+                                                                    penalty):
     x, y = data("cancer")
-    run = trained(worker, tmp_path / "nopeek.pt", protection=Protection(nopeek=0.7), seed=0)
-    losses, modules = plain_torch_nopeek(x, y, 0.7, batches(x, y))
+    run = trained(worker, tmp_path / "nopeek.pt", protection=Protection(nopeek=0.7, dcor=dcor),
+                  seed=0)
+    losses, modules = plain_torch_nopeek(x, y, 0.7, batches(x, y), penalty)
     assert run["losses"] == pytest.approx(losses, rel=1e-5)
     for node, module in modules.items():
         for key, value in module.state_dict().items():
@@ -371,6 +387,8 @@ def test_a_protection_of_a_node_not_trained_where_it_runs_is_refused(worker):
                 optimizer=optimizer, protecting={"head": Protection(noise=1.0)})
     with pytest.raises(TypeError, match=r"Protection\(noise=...\) is a finite number"):
         Protection(noise=-1)
+    with pytest.raises(ValueError, match=r"'textbook' or 'corrected', not 'unbiased'"):
+        Protection(nopeek=1.0, dcor="unbiased")
     with pytest.raises(TypeError, match="give a Protection"):
         Trainer(g, objective=cross_entropy, trains=trains, workers={"gpu": worker},
                 optimizer=optimizer, protecting={"body": 0.5})
