@@ -181,13 +181,16 @@ def anchors(data) -> dict[str, float]:
     return {name: statistics.mean(values) for name, values in said.items()}
 
 
-def targets(results: dict[str, dict]) -> list[str]:
+def targets(results: dict[str, dict], name: str) -> list[str]:
     """Each target of issue 47 beside what this run measured: the row that meets it,
-    or the nearest one and what it lacks."""
+    or the nearest one and what it lacks. The undefended leak's target is set on
+    breast_cancer (the issue's U-shape); on digits it is shown, not judged."""
     none = results["none"]
     lost = {label: 100 * (none["acc"] - r["acc"]) for label, r in results.items()}
-    lines = [f"  no defence, direction AUC >= 0.95: {none['direction']:.3f} "
-             f"({'met' if none['direction'] >= 0.95 else 'missed'}; paper 0.9997)"]
+    judged = (f"{'met' if none['direction'] >= 0.95 else 'missed'}; " if name == "breast_cancer"
+              else "the target is set on breast_cancer; ")
+    lines = [f"  no defence, direction AUC >= 0.95: {none['direction']:.3f}, ep1 "
+             f"{none['first']:.3f} ({judged}paper 0.9997)"]
     grads = {k: r for k, r in results.items() if k.startswith("gradients")}
     if grads:
         leak = {k: max(r["norm"], r["direction"], r["first"]) for k, r in grads.items()}
@@ -251,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"{100 * (anchor['acc'] - r['acc']):+5.1f} "
                       f"{r['corrected'] / anchor['corrected']:7.2f}", flush=True)
             print("targets (issue 47):")
-            print("\n".join(targets(results)))
+            print("\n".join(targets(results, name)))
     print(f"\n{time.perf_counter() - began:.0f} s")
     return 0
 
