@@ -189,8 +189,8 @@ def targets(results: dict[str, dict], name: str) -> list[str]:
     lost = {label: 100 * (none["acc"] - r["acc"]) for label, r in results.items()}
     judged = (f"{'met' if none['direction'] >= 0.95 else 'missed'}; " if name == "breast_cancer"
               else "the target is set on breast_cancer; ")
-    lines = [f"  no defence, direction AUC >= 0.95: {none['direction']:.3f}, ep1 "
-             f"{none['first']:.3f} ({judged}paper 0.9997)"]
+    lines = [(f"  no defence, direction AUC >= 0.95: {none['direction']:.3f}, ep1 "
+              f"{none['first']:.3f} ({judged}paper 0.9997)")]
     grads = {k: r for k, r in results.items() if k.startswith("gradients")}
     if grads:
         leak = {k: max(r["norm"], r["direction"], r["first"]) for k, r in grads.items()}
