@@ -26,7 +26,7 @@ import torch
 from sklearn.datasets import load_breast_cancer
 
 from somatize import Graph, Node, Opaque, Worker
-from somatize.torch import Audit, Protection, Split, Trainer, parameters
+from somatize.torch import Audit, Protection, Split, Trainer, parameters, run_norm_leak
 
 
 class Dense(Node):
@@ -70,34 +70,43 @@ def trained(protection, epochs=4):
     t.close()
     leaks = [f for f in said if f["fact"] == "health" and "input_dcor" in f]
     mean = lambda key, facts: sum(f[key] for f in facts) / len(facts)  # noqa: E731
-    return {"direction": mean("leak_direction_auc", leaks), "norm": mean("leak_norm_auc", leaks),
+    return {"direction": mean("leak_direction_auc", leaks), "norm": run_norm_leak(leaks),
             "dcor": mean("input_dcor", leaks[-14:]),
+            "corrected": mean("input_dcor_corrected", leaks[-14:]),
             "accuracy": read["accuracy"]}
 
 
 # %% [markdown]
 # ## Undefended, then each defence
 #
-# The leak AUCs are against the true labels, 0.5 being a guess; the distance
-# correlation is the last epoch's.
+# The leak AUCs are against the true labels, 0.5 being a guess (the norm attack's
+# over the run, read either way round: `run_norm_leak`, which on more than two classes
+# reads the worst class). The distance correlation is the last epoch's, twice: as
+# NoPeek measures it (the textbook estimator, `dcor`), and bias-corrected (`bc`). At a
+# batch of 32 the textbook one reads about 0.7 even for noise that has nothing to do
+# with the input, so how far a defence moves it says little; the corrected one reads
+# about 0.1 there.
 
 # %%
 rows = {"none": None, "gradients=1": Protection(gradients=1.0),
-        "nopeek=3": Protection(nopeek=3.0), "noise=2": Protection(noise=2.0)}
+        "nopeek=3": Protection(nopeek=3.0, dcor="corrected"), "noise=2": Protection(noise=2.0)}
 results = {name: trained(p) for name, p in rows.items()}
 for name, r in results.items():
     print(f"{name:15} direction {r['direction']:.2f}  norm {r['norm']:.2f}  "
-          f"dcor {r['dcor']:.2f}  accuracy {r['accuracy']:.3f}")
+          f"dcor {r['dcor']:.2f}  bc {r['corrected']:.2f}  accuracy {r['accuracy']:.3f}")
 worker.close()
 
 # %% [markdown]
 # Undefended, the direction attack reads every label (AUC near 1). `gradients=` is the
-# defence to pick for the labels: the attack falls to a guess for about a point of
-# accuracy. `nopeek=` is the one for the input: it lowers the distance correlation of
-# input and activations at a few points; noise on the activations, at a scale that
-# keeps the accuracy, barely moves either.
+# defence to pick for the labels: both attacks fall towards a guess for about a point
+# of accuracy (the benchmark's curve puts 0.75 at its knee on both data sets).
+# `nopeek=` is the one for the input, here trained on the bias-corrected distance
+# correlation (`dcor="corrected"`), which it lowers at a few points at most; the
+# textbook figure moves less, being mostly its own bias at this batch size. Noise on
+# the activations, at a scale that keeps the accuracy, barely moves either.
 
 # %%
 print("the gradient defence hides the labels:",
       results["gradients=1"]["direction"] < 0.65 < results["none"]["direction"])
-print("nopeek sends less of the input:", results["nopeek=3"]["dcor"] < results["none"]["dcor"])
+print("nopeek sends less of the input:",
+      results["nopeek=3"]["corrected"] < 0.8 * results["none"]["corrected"])

@@ -96,6 +96,28 @@ def direction_auc_by_sklearn(g, y):
     return float(np.mean(aucs))
 
 
+def class_norm_aucs_by_sklearn(g, y):
+    norms = g.double().norm(dim=1).numpy()
+    return [[int(c), float(sklearn_metrics.roc_auc_score(y == c, norms))] for c in np.unique(y)]
+
+
+def corrected_dcor_by_numpy(x, y):
+    """Székely and Rizzo (2014), written from the paper: U-centred distances, their
+    inner product over i != j divided by n(n - 3), the ratio's square root (0 if < 0)."""
+    def u_centred(a):
+        a = a.reshape(len(a), -1).astype(np.float64)
+        n = len(a)
+        d = np.sqrt(((a[:, None, :] - a[None, :, :]) ** 2).sum(-1))
+        u = d - d.sum(0) / (n - 2) - d.sum(1)[:, None] / (n - 2) + d.sum() / ((n - 1) * (n - 2))
+        np.fill_diagonal(u, 0)
+        return u
+    a, b = u_centred(x), u_centred(y)
+    n = len(a)
+    def inner(p, q):
+        return (p * q).sum() / (n * (n - 3))
+    return float(np.sqrt(max(inner(a, b) / np.sqrt(inner(a, a) * inner(b, b)), 0)))
+
+
 def dcor_by_numpy(x, y):
     def centred(a):
         a = a.reshape(len(a), -1).astype(np.float64)
@@ -119,6 +141,14 @@ def test_each_measure_agrees_with_sklearn_on_what_the_worker_received(worker, tm
         assert fact["leak_direction_auc"] == pytest.approx(direction_auc_by_sklearn(g, y.numpy()),
                                                            abs=1e-12)
         assert fact["input_dcor"] == pytest.approx(dcor_by_numpy(x.numpy(), a.numpy()), abs=1e-9)
+        assert fact["input_dcor_corrected"] == pytest.approx(
+            corrected_dcor_by_numpy(x.numpy(), a.numpy()), abs=1e-9)
+        if name == "digits":  # each class's own, for the run's worst class
+            ours, theirs = fact["leak_norm_classes"], class_norm_aucs_by_sklearn(g, y.numpy())
+            assert [c for c, _ in ours] == [c for c, _ in theirs]
+            assert [a for _, a in ours] == pytest.approx([a for _, a in theirs], abs=1e-12)
+        else:
+            assert "leak_norm_classes" not in fact
     if protection is None and name == "cancer":  # the paper's attack, undefended: it works
         assert max(f["leak_direction_auc"] for f in said) > 0.9
 
@@ -129,6 +159,43 @@ def test_roc_auc_counts_ties_as_sklearn_does():
     assert roc_auc(scores, positive) == pytest.approx(
         sklearn_metrics.roc_auc_score(positive.numpy(), scores.numpy()), abs=1e-15)
     assert roc_auc(scores, torch.ones(8).bool()) is None
+
+
+def test_a_run_s_norm_leak_is_its_worst_class_averaged_over_its_steps():
+    from somatize.torch._privacy import run_norm_leak
+
+    # class 2's norms stand out in every step and class 1's hide: the average over
+    # classes reads them as cancelling, the worst class does not
+    g = torch.Generator().manual_seed(3)
+    facts, tallies = [], {}
+    for _ in range(40):
+        y = torch.arange(30) % 3
+        grads = torch.randn(30, 8, generator=g) * (1 + 0.6 * (y == 2) - 0.4 * (y == 1))[:, None]
+        fact = {"leak_norm_auc": 0.0, "leak_norm_classes": class_norm_aucs_by_sklearn(grads, y.numpy())}
+        facts.append(fact)
+        for label, auc in fact["leak_norm_classes"]:
+            tallies.setdefault(label, []).append(auc)
+    worst = max(max(np.mean(v), 1 - np.mean(v)) for v in tallies.values())
+    assert run_norm_leak(facts) == pytest.approx(worst, abs=1e-12) and worst > 0.8
+    # two classes: the steps' AUCs averaged, read either way round
+    assert run_norm_leak([{"leak_norm_auc": 0.2}, {"leak_norm_auc": 0.3}]) == pytest.approx(0.75)
+    assert run_norm_leak([{"input_dcor": 0.5}]) is None
+
+
+def test_the_corrected_distance_correlation_is_szekely_rizzo_s_and_reads_0_when_independent():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(32, 30, generator=g, dtype=torch.float64)
+    y = (x @ torch.randn(30, 8, generator=g, dtype=torch.float64)).tanh()
+    y[3] = y[4]
+    assert float(distance_correlation(x, y, corrected=True)) == pytest.approx(
+        corrected_dcor_by_numpy(x.numpy(), y.numpy()), abs=1e-12)
+    apart = [torch.randn(32, 32, generator=g, dtype=torch.float64) for _ in range(50)]
+    textbook = np.mean([float(distance_correlation(x, a)) for a in apart])
+    corrected = np.mean([float(distance_correlation(x, a, corrected=True)) for a in apart])
+    assert textbook > 0.6 and corrected < 0.15  # the textbook one's bias, at a batch of 32
+    y.requires_grad_(True)
+    distance_correlation(x, y, corrected=True).backward()
+    assert torch.isfinite(y.grad).all() and y.grad.abs().sum() > 0
 
 
 def test_distance_correlation_is_the_textbook_one_and_has_a_gradient():
@@ -163,30 +230,43 @@ def test_each_defence_changes_what_arrives_and_nothing_kept_here(worker, tmp_pat
     assert blurred["graph"]["protected"] == {"body": {"gradients": 2.0}}
 
 
-@pytest.mark.parametrize("labelled", [True, False])
-def test_the_gradient_defence_is_unbiased_and_evens_the_norms(labelled):
+def test_the_gradient_defence_is_unbiased_and_aimed_where_the_classes_part():
     from somatize.torch._privacy import noisy_gradient
 
     g = torch.randn(32, 10, generator=torch.Generator().manual_seed(1))
     labels = torch.arange(32) % 3
     g[labels == 1] += 3.0  # the classes' gradients point apart, as a head's do
+    g[0] *= 20
+    drawn = torch.stack([noisy_gradient(g, 1.0, torch.Generator().manual_seed(s), labels)
+                         for s in range(4000)])
+    noise = drawn - g
+    means = torch.stack([g[labels == c].mean(0) for c in range(3)])
+    apart = means - means.mean(0)
+    scale = float(apart.norm(dim=1).max())
+    assert torch.allclose(noise.mean(0), torch.zeros_like(g), atol=0.1 * scale)  # unbiased
+    added = noise.pow(2).sum(-1).mean(0)  # every row gets as much, whatever its own norm
+    expected = 2 * float(apart.pow(2).sum())  # directed, and isotropic as large
+    assert float(added.min()) > 0.9 * expected and float(added.max()) < 1.1 * expected
+    basis = torch.linalg.qr(apart.T).Q[:, :2]
+    along = (noise @ basis).pow(2).sum(-1).mean()
+    # the directed half all along the two directions, and 2/10 of the isotropic half
+    assert float(along) == pytest.approx(float(apart.pow(2).sum()) * (1 + 2 / 10), rel=0.05)
+
+
+def test_without_labels_the_gradient_defence_evens_the_norms():
+    from somatize.torch._privacy import noisy_gradient
+
+    g = torch.randn(32, 10, generator=torch.Generator().manual_seed(1))
     g[0] *= 20  # one example's gradient dominates: the others get noise up to its norm
-    drawn = torch.stack([noisy_gradient(g, 1.0, torch.Generator().manual_seed(s),
-                                        labels if labelled else None) for s in range(4000)])
+    drawn = torch.stack([noisy_gradient(g, 1.0, torch.Generator().manual_seed(s))
+                         for s in range(4000)])
     scale = float(g.norm(dim=1).max())
-    assert torch.allclose(drawn.mean(0), g, atol=0.06 * scale)  # what the weights learn from
-    norms = drawn.pow(2).sum(-1).mean(0)  # every row's expected squared norm, alike
+    assert torch.allclose(drawn.mean(0), g, atol=0.06 * scale)
+    norms = drawn.pow(2).sum(-1).mean(0)
     assert float(norms.max() / norms.min()) < 1.15
-    if labelled:  # the noise lies along the directions that tell the classes apart
-        means = torch.stack([g[labels == c].mean(0) for c in range(3)])
-        apart = torch.linalg.qr((means - means.mean(0)).T).Q[:, :2]
-        off = (drawn - g) - (drawn - g) @ apart @ apart.T
-        # the largest row gets no norm-evening noise: all of its noise is along them
-        assert float(off[:, 0].abs().max()) < 1e-4 * scale
-        assert float((drawn - g)[:, 0].norm(dim=-1).mean()) > 0.1 * scale
 
 
-def plain_torch_nopeek(x, y, weight, steps):
+def plain_torch_nopeek(x, y, weight, steps, penalty):
     """The NoPeek objective trained in one piece, plain torch: the model as three
     Linear layers with the same initial weights as ``net``."""
     torch.manual_seed(0)
@@ -199,7 +279,7 @@ def plain_torch_nopeek(x, y, weight, steps):
         sent = torch.relu(encoder(xb))
         out = head(torch.relu(body(sent)))
         rows = xb.reshape(len(xb), -1)
-        loss = cross_entropy(out, yb) + weight * _dcor_plain(rows, sent)
+        loss = cross_entropy(out, yb) + weight * penalty(rows, sent)
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
@@ -214,10 +294,26 @@ def _dcor_plain(x, y):
     return ((a * b).mean() / ((a * a).mean() * (b * b).mean()).sqrt()).sqrt()
 
 
-def test_nopeek_trains_what_the_same_objective_trains_in_one_piece(worker, tmp_path):
+def _corrected_squared_plain(x, y):
+    """Székely and Rizzo's bias-corrected dCor², U-centred, in plain torch."""
+    def u_centred(a):
+        n = len(a)
+        d = torch.cdist(a, a, compute_mode="donot_use_mm_for_euclid_dist")
+        u = (d - d.sum(0, keepdim=True) / (n - 2) - d.sum(1, keepdim=True) / (n - 2)
+             + d.sum() / ((n - 1) * (n - 2)))
+        return u - torch.diag(torch.diagonal(u))
+    a, b = u_centred(x), u_centred(y)
+    return (a * b).sum() / ((a * a).sum() * (b * b).sum()).sqrt()
+
+
+@pytest.mark.parametrize("dcor, penalty", [("textbook", _dcor_plain),
+                                           ("corrected", _corrected_squared_plain)])
+def test_nopeek_trains_what_the_same_objective_trains_in_one_piece(worker, tmp_path, dcor,
+                                                                    penalty):
     x, y = data("cancer")
-    run = trained(worker, tmp_path / "nopeek.pt", protection=Protection(nopeek=0.7), seed=0)
-    losses, modules = plain_torch_nopeek(x, y, 0.7, batches(x, y))
+    run = trained(worker, tmp_path / "nopeek.pt", protection=Protection(nopeek=0.7, dcor=dcor),
+                  seed=0)
+    losses, modules = plain_torch_nopeek(x, y, 0.7, batches(x, y), penalty)
     assert run["losses"] == pytest.approx(losses, rel=1e-5)
     for node, module in modules.items():
         for key, value in module.state_dict().items():
@@ -244,6 +340,43 @@ def test_evaluating_between_protected_steps_changes_nothing_that_follows(worker,
                for n in never["weights"] for k in never["weights"][n])
 
 
+def protected_trainer(worker, protection, seed):
+    g = net(30, 2)
+    trains = {"body": Split(torch.optim.Adam, lr=1e-2)}
+    t = Trainer(g, objective=cross_entropy, trains=trains, workers={"gpu": worker},
+                optimizer=torch.optim.Adam(parameters(g, without=trains), lr=1e-2),
+                protecting={"body": protection} if protection else None)
+    t.seed(seed)
+    return t
+
+
+def test_a_resumed_protected_run_goes_on_as_one_never_interrupted(worker, tmp_path):
+    from somatize import Store
+
+    every = Protection(noise=0.2, nopeek=0.5, gradients=1.0)
+    steps = batches(*data("cancer", rows=128))
+    never = protected_trainer(worker, every, seed=7)
+    losses = [never.step(b) for b in steps]
+    never.close()
+    store = Store(str(tmp_path / "store"))
+    first = protected_trainer(worker, every, seed=7)
+    for b in steps[:2]:
+        first.step(b)
+    first.checkpoint(store, "ck")
+    first.close()
+    # seeded alike, the resumed run's defences would draw the first steps' noise again
+    resumed = protected_trainer(worker, every, seed=7)
+    assert resumed.resume(store, "ck") == 2
+    assert [resumed.step(b) for b in steps[2:]] == losses[2:]
+    resumed.close()
+    plain = protected_trainer(worker, None, seed=7)  # kept without protecting=
+    plain.step(steps[0])
+    plain.checkpoint(store, "plain")
+    plain.close()
+    with pytest.warns(UserWarning, match="no state of the defences' noise"):
+        assert protected_trainer(worker, every, seed=7).resume(store, "plain") == 1
+
+
 # -- what is refused, and what is said -------------------------------------------------------
 def test_a_protection_of_a_node_not_trained_where_it_runs_is_refused(worker):
     g = net(30, 2)
@@ -254,6 +387,8 @@ def test_a_protection_of_a_node_not_trained_where_it_runs_is_refused(worker):
                 optimizer=optimizer, protecting={"head": Protection(noise=1.0)})
     with pytest.raises(TypeError, match=r"Protection\(noise=...\) is a finite number"):
         Protection(noise=-1)
+    with pytest.raises(ValueError, match=r"'textbook' or 'corrected', not 'unbiased'"):
+        Protection(nopeek=1.0, dcor="unbiased")
     with pytest.raises(TypeError, match="give a Protection"):
         Trainer(g, objective=cross_entropy, trains=trains, workers={"gpu": worker},
                 optimizer=optimizer, protecting={"body": 0.5})

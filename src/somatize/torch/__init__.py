@@ -43,7 +43,7 @@ from ._fedprox import fedprox
 from ._learning import Learning, Split, envelope, gradient
 from ._learning import shared_by as _shared_by
 from ._module import module
-from ._privacy import Protection
+from ._privacy import Protection, run_norm_leak
 from ._predicting import VERBS as _PREDICTING_VERBS
 from ._probe import probe
 from ._random import VERBS as _RANDOM_VERBS
@@ -102,5 +102,6 @@ __all__ = [
     "probe",
     "proxies",
     "proxy",
+    "run_norm_leak",
     "traced",
 ]

@@ -40,7 +40,7 @@ __all__ = ["MEASURES", "Audit", "audit_for"]
 MEASURES = ("act_mean", "act_std", "act_zero", "act_saturated", "grad_norm", "grad_mean",
             "grad_std", "nonfinite", "weight_norm", "update_ratio", "update_norm",
             "dead_channels", "channels", "act_hist", "grad_hist", "leak_norm_auc",
-            "leak_direction_auc", "input_dcor")
+            "leak_norm_classes", "leak_direction_auc", "input_dcor", "input_dcor_corrected")
 
 
 class Audit:

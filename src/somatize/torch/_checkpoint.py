@@ -2,11 +2,11 @@
 
 A checkpoint is a handful of objects put in the store by their content — each node's
 weights, the gradients of a group still open, the caller's optimizer state, each
-trainer's own state, the random state of every process — and one small manifest that
-names them all by digest. The name is bound to the manifest last, so a checkpoint is
-whole or absent: a process killed while writing one leaves objects nobody names, and
-the name still points at the previous checkpoint. Every object is verified against
-its digest when read.
+trainer's own state, the random state of every process and of the defences' noise
+(``_privacy``) — and one small manifest that names them all by digest. The name is
+bound to the manifest last, so a checkpoint is whole or absent: a process killed while
+writing one leaves objects nobody names, and the name still points at the previous
+checkpoint. Every object is verified against its digest when read.
 
 Taking one up is all or nothing: every part is read, and checked here and by each
 trainer on a worker, before anything is copied anywhere. What a checkpoint does not
@@ -361,10 +361,18 @@ def gather(run: Run) -> dict[str, Any]:
             if run.counters["taken"]:
                 grads[n] = grads_of(node)
     randoms[HERE] = random_state()
+    privacy = _privacy(run)
     return {"identity": identity(run), "counters": dict(run.counters), "weights": weights,
             "grads": grads, "optimizer": optimizer_state(run.optimizer),
             "layout": layout(run.optimizer, _names_of(g)), "trainers": trainers,
-            "random": randoms}
+            "random": randoms,
+            "defences": None if privacy is None else privacy.random_state()}
+
+
+def _privacy(run: Run) -> Any:
+    """The protections of ``run``'s trained cuts (``_privacy``), whose noise generator
+    is its own, off every process's random state; None where there are none."""
+    return getattr(run.driver, "privacy", None)
 
 
 def written(store: Any, name: str, parts: dict[str, Any]) -> str:
@@ -374,6 +382,8 @@ def written(store: Any, name: str, parts: dict[str, Any]) -> str:
     put = lambda value: store.put(dumps(value))  # noqa: E731
     here = {k: parts[k] for k in ("weights", "grads", "optimizer")}
     manifest = {k: parts[k] for k in ("identity", "counters", "layout", "random")}
+    if parts.get("defences") is not None:
+        manifest["defences"] = parts["defences"]
     manifest.update(format=FORMAT, here=put(here),
                     trainers={n: put(t) for n, t in parts["trainers"].items()})
     digest = put(manifest)
@@ -528,6 +538,13 @@ def take_up(store: Any, name: str, run: Run) -> dict[str, Any]:
                       "the run that was kept", UserWarning, stacklevel=4)
     randoms = {h: s for h, s in parts["random"].items() if h in hosts}
     check_random(parts["random"][HERE], HERE)
+    privacy, defences = _privacy(run), parts.get("defences")
+    if privacy is not None and defences is not None:
+        privacy.check_random(defences, f"the checkpoint {name!r} in {store.where}")
+    elif privacy is not None and privacy.protecting:
+        warnings.warn("the checkpoint holds no state of the defences' noise (it was kept by a "
+                      "run without protecting=): their noise goes on from where this run's "
+                      "seed put it, so it differs from the kept run's", UserWarning, stacklevel=4)
     if far:  # every machine agrees before any of them copies
         try:
             _restored(run, parts, far, check=True)
@@ -545,6 +562,8 @@ def take_up(store: Any, name: str, run: Run) -> dict[str, Any]:
             set_grads(g.implementation(n), parts["grads"].get(n, {}))
     load_optimizer(run.optimizer, parts["optimizer"])
     set_random(parts["random"][HERE])
+    if privacy is not None and defences is not None:
+        privacy.set_random_state(defences)
     return counters
 
 
