@@ -464,9 +464,11 @@ def test_what_leaks_is_in_the_record_and_somatize_health_says_it(worker, tmp_pat
         t.step(b)
     t.close()
     body = seen(store, "leaky")["body"]  # the worker's measures and the leaks, one where
-    assert {"grad_norm", "leak_direction_auc", "leak_norm_auc", "input_dcor"} <= set(body)
+    assert {"grad_norm", "leak_direction_auc", "leak_norm_auc", "input_dcor",
+            "input_dcor_corrected"} <= set(body)
     titles = {a.text for a in panel(store, "leaky").layout.annotations}
-    assert {"label leak AUC, direction attack", "distance correlation, input ↔ sent"} <= titles
+    assert {"label leak AUC, direction attack", "distance correlation, input ↔ sent",
+            "distance correlation, bias-corrected"} <= titles
     said = subprocess.run([sys.executable, "-m", "somatize", "health", str(tmp_path / "store"),
                            "leaky"], capture_output=True, text=True, check=True).stdout
     assert re.search(r"^body\s+label_leak\s+1\s", said, re.M) and "Protection(gradients=" in said

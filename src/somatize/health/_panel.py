@@ -26,7 +26,8 @@ _ROWS = (("grad_norm", "gradient norm", True, ("vanishing", "exploding")),
          ("act_saturated", "share saturated", False, ("saturated",)),
          ("leak_direction_auc", "label leak AUC, direction attack", False, ("label_leak",)),
          ("leak_norm_auc", "label leak AUC, norm attack", False, ()),
-         ("input_dcor", "distance correlation, input ↔ sent", False, ()))
+         ("input_dcor", "distance correlation, input ↔ sent", False, ()),
+         ("input_dcor_corrected", "distance correlation, bias-corrected", False, ()))
 _MARK = "rgb(214, 39, 40)"
 _COLOURS = ("#4c78a8", "#f58518", "#54a24b", "#b279a2", "#e45756", "#72b7b2", "#eeca3b",
             "#ff9da6", "#9d755d", "#bab0ac")
