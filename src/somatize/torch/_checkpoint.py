@@ -41,7 +41,6 @@ from .._codec import dumps, loads
 from .._errors import DeclarationError, StateLost, StoreError, whole_number
 from .._graph import Graph
 from .._remember import open_store
-from .._slices import runner_of
 from ..store._store import check_name
 from ._random import HERE, check_random, random_state, seeded, set_random
 from ._weights import checked_node, checked_weights, copy_weights, trainer_at, weights_of
@@ -56,8 +55,8 @@ FORMAT = "somatize.checkpoint/1"
 
 @dataclass
 class Run:
-    """What a Trainer hands over to be kept, or taken up: its graph, its optimizer, the
-    driver of its trained nodes (or None), its counters, and its broker."""
+    """What a Trainer hands over to be kept, or taken up: its graph, its optimizer, its
+    driver (``_one_piece``; it knows the trained nodes), its counters, and its broker."""
 
     graph: Graph
     optimizer: Any
@@ -239,26 +238,10 @@ def seed_all(run: Run, seed: int) -> None:
     seeded(seed)
 
 
-def _session(run: Run) -> Any:
-    """What says the verbs of ``run``'s session on its hosts: the driver of its trained
-    nodes, or else the session its graph runs in on its broker."""
-    if run.driver is not None:
-        return run.driver
-    runner = runner_of(run.broker)
-    data = run.graph.data()
-    opens = getattr(runner, "session_of", None)
-    session = opens(data) if callable(opens) else runner
-    if not callable(getattr(session, "control", None)):
-        raise DeclarationError(f"{type(runner).__qualname__} reaches the graph's hosts and "
-                               "says no verb to them, so their random state cannot be kept "
-                               "or set; train through a Broker or workers=")
-    session.prepare(data)
-    return session
-
-
 def _asked(run: Run, host: str, verb: str, args: Any) -> Any:
-    """What the verb answers in ``run``'s session on ``host``."""
-    return _session(run).control(host, verb, args)
+    """What the verb answers in ``run``'s session on ``host``: its driver's, or the
+    session its graph runs in where nothing is trained there."""
+    return run.driver.control(host, verb, args)
 
 
 # -- what a run is, to be compared ------------------------------------------------------
@@ -270,7 +253,7 @@ def identity(run: Run) -> dict[str, Any]:
     ``__main__`` when run, ``__mp_main__`` in a spawned process and its file's name
     when imported, and the weights' keys and shapes are checked anyway."""
     g = run.graph
-    trains = run.driver.trains if run.driver is not None else {}
+    trains = run.driver.trains
     return {"nodes": list(g.nodes()), "edges": [list(e) for e in g.edges()],
             "identities": {n: type(g.implementation(n)).__qualname__ for n in g.nodes()},
             "frozen": dict(g.frozen()),
@@ -319,8 +302,6 @@ def _listed(ids: list[str]) -> str:
 # -- keeping one ---------------------------------------------------------------------------
 def _far(run: Run) -> dict[str, str | None]:
     """Every trained node and its host (None: here)."""
-    if run.driver is None:
-        return {}
     hosts = run.graph.hosts()
     return {n: hosts.get(n) for n in run.driver.trains}
 
