@@ -138,16 +138,16 @@ class Stage:
         self.takers: dict[str, str] = {}  # the first trainer here that takes it, to name
         for p in self.outside:
             takers = [s for s in succs[p] if s in inside]
-            kinds = {trains[n].compress for n in self.trainers if enters[n] in takers}
+            kinds = {trains[n].seat.compress for n in self.trainers if enters[n] in takers}
             if len(kinds) == 1 and len(takers) == sum(enters[n] in takers for n in self.trainers):
                 self.narrowing[p] = kinds.pop()
                 self.takers[p] = next(n for n in self.trainers if enters[n] in takers)
         self.narrows = [self.narrowing.get(p) for p in self.outside]  # in the given order
-        self.compress = [trains[n].compress for n in self.back_given]
+        self.compress = [trains[n].seat.compress for n in self.back_given]
         # whether what this stage answers may come narrowed (a trainer here compresses)
-        self.widens = any(trains[n].compress is not None for n in self.trainers)
+        self.widens = any(trains[n].seat.compress is not None for n in self.trainers)
         for n in self.trainers:  # what a trainer makes crosses when nobody here takes it
-            trains[n].crossing(out=not any(s in inside for s in succs[n]))
+            trains[n].seat.crossing(out=not any(s in inside for s in succs[n]))
         trained = set(self.trained)
         self.untrained_here = [n for n in self.wanted
                                if n not in trained and n not in private.hosts]
@@ -198,7 +198,7 @@ class StagedDriver:
         them is said (``StateLost``) rather than made good from the first copy."""
         backend = self._backend
         opens = getattr(backend, "session", None)
-        shares = any(learning.shared is not None for learning in self.trains.values())
+        shares = any(learning.seat.shared is not None for learning in self.trains.values())
         return opens(keeps=True, shares=shares) if callable(opens) else backend
 
     def renew(self) -> None:
@@ -448,7 +448,7 @@ class StagedDriver:
         Nor where an output made before the last worker's stage keeps its graph: the
         loss's own backward would reach that stage before the worker's gradients did,
         for every piece first, and its gradients would be added in another order."""
-        if any(learning.steps_per_update() % pieces for learning in self.trains.values()):
+        if any(learning.seat.steps_per_update() % pieces for learning in self.trains.values()):
             return False
         hosts = self.private.hosts()
         away = [k for k, stage in enumerate(self.stages) if any(n in hosts for n in stage.nodes)]
@@ -497,7 +497,7 @@ class StagedDriver:
         hosts = self.private.hosts()
         for node, learning in self.trains.items():
             if node in hosts:
-                learning.audited(Audit(every=audit.every, snapshot=audit.snapshot,
+                learning.seat.audited(Audit(every=audit.every, snapshot=audit.snapshot,
                                        channels=audit.channels, window=audit.window),
                                  node, pieces)
 

@@ -184,9 +184,9 @@ class Trainer:
                     "optimizer": type(self._optimizer).__qualname__
                     if self._optimizer is not None else None}
             # A narrower type on a cut changes the arithmetic: the record says where.
-            compressed = {n: str(learning.compress).removeprefix("torch.")
+            compressed = {n: str(learning.seat.compress).removeprefix("torch.")
                           for n, learning in self._driver.trains.items()
-                          if learning.compress is not None}
+                          if learning.seat.compress is not None}
             if compressed:
                 said["compressed"] = compressed
             protected = {n: p.said() for n, p in (self._privacy.protecting.items()
