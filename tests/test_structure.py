@@ -14,7 +14,8 @@ PACKAGE = SRC / "somatize"
 # The layers, lowest first; a module may import its own layer and those below it.
 LAYERS = [
     ["somatize._errors", "somatize._optional", "somatize._version", "somatize._text", "somatize._dsl",
-     "somatize._opaque", "somatize._node", "somatize._codec", "somatize._keys", "somatize._plan", "somatize._verbs"],
+     "somatize._opaque", "somatize._node", "somatize._codec", "somatize._keys", "somatize._plan", "somatize._verbs",
+     "somatize._registries"],
     ["somatize._graph", "somatize._described", "somatize.viz"],
     ["somatize.store"],
     ["somatize._walk", "somatize._slices", "somatize._items", "somatize._remember",

@@ -27,7 +27,8 @@ __all__ = ["codec", "codec_for", "codec_modules", "codecs_registered", "dumps", 
            "loads", "pack", "pack_into", "pieces_of", "unpack"]
 
 # kind -> (type, dump, load); type -> (kind, dump). Registration is rare; lookups are
-# hot, so packing a value finds both halves of what it writes in one lookup.
+# hot, so packing a value finds both halves of what it writes in one lookup. Who fills
+# them is declared with every other registry in ``_registries``.
 _by_kind: dict[str, tuple[type, Callable[[Any], Any], Callable[[bytes], Any]]] = {}
 _by_type: dict[type, tuple[str, Callable[[Any], Any]]] = {}
 _registered_in: dict[str, str] = {}  # kind -> the module that said it

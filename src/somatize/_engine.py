@@ -21,7 +21,7 @@ from ._node import Opaque
 from ._remember import Memory, foreseen
 from ._slices import Runner, Later, Shape, Slice, runner_of, fan_out, new_forward_id, spread
 from ._transpose import backward, walk_back
-from ._walk import LostValue, Mapping, Program, program, settle, walk
+from ._walk import LostValue, Mapping, Program, program, unwrapped, walk
 
 __all__ = ["Pass", "execute", "foresee", "run_slice"]
 
@@ -273,10 +273,10 @@ class Walk:
     def run(self, one: Pass, input: Any, values: Iterable[Any], broker: Any, store: Any,
             later: bool = False) -> Any:
         """Walks it once with these values (in ``given``'s order), as part of ``one``."""
-        value = input.value if type(input) is Opaque else settle(input, None)
+        value = input.value if type(input) is Opaque else unwrapped(input, None)
         vals: list[Any] = [None] * self.size
         for at, node_id, v in zip(self.slots, self.given, values):
-            vals[at] = v.value if type(v) is Opaque else settle(v, node_id)
+            vals[at] = v.value if type(v) is Opaque else unwrapped(v, node_id)
         hooks = None
         if self.hooked:
             prog = self.prog
@@ -293,8 +293,8 @@ class Walk:
                 return self.answered(vals)
             return Later(self._segments(one, vals, value, None, hooks),
                          lambda: self.answered(vals))
-        backend = runner_of(broker)
-        if backend is None:
+        runner = runner_of(broker)
+        if runner is None:
             host = next(seg[2][0][0].host for seg in self.route.segments if seg[0] == "away")
             raise DeclarationError(
                 f"this graph sends nodes to host {host!r} and no broker was given; say "
@@ -303,9 +303,9 @@ class Walk:
                 f"workers={{{host!r}: Worker.at('HOST:PORT')}})"
             )
         if later:
-            return Later(self._segments(one, vals, value, backend, hooks),
+            return Later(self._segments(one, vals, value, runner, hooks),
                          lambda: self.answered(vals))
-        self._through(one, vals, value, backend, hooks)
+        self._through(one, vals, value, runner, hooks)
         return self.answered(vals)
 
     def answered(self, vals: list[Any]) -> Any:
@@ -318,37 +318,37 @@ class Walk:
             return _read(vals[self.wanted[0][0]], "the caller")
         return {node_id: _read(vals[i], "the caller") for i, node_id in self.wanted}
 
-    def _through(self, one: Pass, vals: list[Any], value: Any, backend: Runner,
+    def _through(self, one: Pass, vals: list[Any], value: Any, runner: Runner,
                  hooks: Any) -> None:
         """The walk's segments in order, each wave's slices out and read back before
         the next: what a caller that waits for the answer runs. It is ``_segments``
         without the generator, whose making and driving to its end cost a stage that is
         walked every step about a hundred opcodes."""
         prog = self.prog
-        backend.prepare(prog.data)
+        runner.prepare(prog.data)
         forward_id = new_forward_id()
         for kind, order, remotes in self.route.segments:
             if kind == "here":
                 walk(prog, order, vals, value, hooks, one.emit, one.since)
             else:
                 pieces, here = _wave(prog, order, remotes, vals, value, hooks, one, forward_id)
-                _settled(prog, remotes, fan_out(backend, pieces, here), vals, one.emit)
+                _into_slots(prog, remotes, fan_out(runner, pieces, here), vals, one.emit)
 
-    def _segments(self, one: Pass, vals: list[Any], value: Any, backend: Runner | None,
+    def _segments(self, one: Pass, vals: list[Any], value: Any, runner: Runner | None,
                   hooks: Any):
         """The walk's segments in order, as a generator that yields once a wave's slices
         are out, so that whoever drives it does more meanwhile (a pipeline)."""
         prog = self.prog
         forward_id = None
-        if backend is not None:
-            backend.prepare(prog.data)
+        if runner is not None:
+            runner.prepare(prog.data)
             forward_id = new_forward_id()
         for kind, order, remotes in self.route.segments:
             if kind == "here":
                 walk(prog, order, vals, value, hooks, one.emit, one.since)
             else:
                 pieces, here = _wave(prog, order, remotes, vals, value, hooks, one, forward_id)
-                _settled(prog, remotes, (yield from spread(backend, pieces, here)), vals, one.emit)
+                _into_slots(prog, remotes, (yield from spread(runner, pieces, here)), vals, one.emit)
 
 
 def _read(v: Any, reader: str) -> Any:
@@ -369,14 +369,14 @@ def _wave(prog: Program, order: list[int], remotes: list[tuple[Shape, list]], va
     return pieces, here
 
 
-def _settled(prog: Program, remotes: list[tuple[Shape, list]],
-             settled: list[tuple[Any, Exception | None]], vals: list[Any], emit: Any) -> None:
+def _into_slots(prog: Program, remotes: list[tuple[Shape, list]],
+             answers: list[tuple[Any, Exception | None]], vals: list[Any], emit: Any) -> None:
     """What came back from a wave's slices, into their slots (a ``LostValue`` for an
     output that stayed where it was made); the first failure raised once every answer
     was read and every fact said."""
     failure = None
     index = prog.index
-    for (shape, _), (outcome, error) in zip(remotes, settled):
+    for (shape, _), (outcome, error) in zip(remotes, answers):
         if error is not None:
             failure = failure or error
             if emit is not None:

@@ -596,7 +596,8 @@ class Graph:
 
 
 # The walk sits a layer above the graph and hands its functions down as it loads (the
-# package imports it), so that the graph's facade reaches it without importing upwards.
+# package imports it), so that the graph's facade reaches it without importing upwards
+# (the ``graph's walk`` registry of ``_registries``).
 _above: dict[str, Callable[..., Any]] = {}
 
 

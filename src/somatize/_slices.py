@@ -27,11 +27,11 @@ __all__ = ["Later", "Outcome", "Runner", "Shape", "Slice", "fan_out", "finish", 
            "spread", "stands_for"]
 
 
-@dataclass(slots=True, eq=False)  # compared and hashed by identity: backends key on it
+@dataclass(slots=True, eq=False)  # compared and hashed by identity: runners key on it
 class Shape:
     """What a slice is apart from its values: the host, the nodes, what is handed in
     and what is wanted back. Decided once per walk and sent again and again, so a
-    backend may derive whatever it needs of it once (``memo``), keyed on the shape
+    runner may derive whatever it needs of it once (``memo``), keyed on the shape
     itself, and a transport may say it to its host once per connection.
 
     ``given`` names the predecessors outside the slice whose values it is handed;
@@ -54,7 +54,7 @@ class Slice:
     """One stretch of a graph for one host: its ``shape``, and this time's values.
 
     ``given`` holds the values of the shape's ``given`` predecessors (a ``LostValue``
-    where one stayed on a host: the backend resolves it there, or raises ``Lost``);
+    where one stayed on a host: the runner resolves it there, or raises ``Lost``);
     ``input`` is the graph's input, sent only if the shape needs it; ``forward`` ties
     the slices of one forward together (so what a host kept for it can be referred
     to).
@@ -124,47 +124,47 @@ class Runner:
         return _shared_pool().submit(self.run, piece)
 
     def session(self, keeps: bool = False, shares: bool = False) -> Runner:
-        """A backend whose slices run against state of their own on every host, apart
+        """A runner whose slices run against state of their own on every host, apart
         from anybody else's; ``keeps`` says that state learns there (a trainer's), so
         losing it must be said, never made good from the first copy, and ``shares``
         that its slices may wait there for other clients' (a shared trainer's). A
-        backend that keeps nothing apart answers itself."""
+        runner that keeps nothing apart answers itself."""
         return self
 
     def close(self) -> None:
-        """Lets go of what this backend holds on its hosts (a session's state)."""
+        """Lets go of what this runner holds on its hosts (a session's state)."""
         return None
 
 
-def fan_out(backend: Runner, pieces: list[Slice],
+def fan_out(runner: Runner, pieces: list[Slice],
             meanwhile: Callable[[], None] | None = None) -> list[tuple[Outcome | None, Exception | None]]:
     """Every slice sent, ``meanwhile`` run here while they are out, every answer read:
     ``(outcome, None)`` or ``(None, error)`` per slice, in order, so a caller can tell
     what the others saw before raising the first error."""
     if len(pieces) == 1 and meanwhile is None:  # the common case: nothing to overlap
         try:
-            return [(backend.run(pieces[0]), None)]
+            return [(runner.run(pieces[0]), None)]
         except Exception as exc:
             return [(None, exc)]
-    return finish(spread(backend, pieces, meanwhile))
+    return finish(spread(runner, pieces, meanwhile))
 
 
-def spread(backend: Runner, pieces: list[Slice], meanwhile: Callable[[], None] | None = None):
+def spread(runner: Runner, pieces: list[Slice], meanwhile: Callable[[], None] | None = None):
     """``fan_out`` as a generator that yields once, when every slice is out and
     ``meanwhile`` ran: whoever drives it may do more here before the answers are read
     (the next piece of a pipelined step). It returns what ``fan_out`` answers."""
     futures = []
     try:
         for piece in pieces:
-            futures.append(backend.submit(piece))
+            futures.append(runner.submit(piece))
         if meanwhile is not None:
             meanwhile()
     except BaseException:
         for future in futures:  # read, so none is left half-answered on its wire
-            _settled(future)
+            _answer_or_error(future)
         raise
     yield
-    return [_settled(f) for f in futures]
+    return [_answer_or_error(f) for f in futures]
 
 
 def finish(generator: Any) -> Any:
@@ -201,27 +201,28 @@ class Later:
         return self._answer()
 
 
-def _settled(future: Future) -> tuple[Outcome | None, Exception | None]:
+def _answer_or_error(future: Future) -> tuple[Outcome | None, Exception | None]:
     try:
         return future.result(), None
     except Exception as exc:
         return None, exc
 
 
-# -- a {host: Worker} map stands for a backend --------------------------------------------
+# -- a {host: Worker} map stands for a runner --------------------------------------------
+# (the ``runners`` registry: who fills it is declared in ``_registries``)
 _stand_ins: dict[type, Callable[[dict], Runner]] = {}
 _makers: dict[type, Callable[[dict], Runner] | None] = {}  # a kind's, found once (forwards ask)
 
 
 def stands_for(kind: type, make: Callable[[dict], Runner]) -> None:
-    """Says that ``{host: kind}`` maps stand for the backend ``make(map)`` answers, so
+    """Says that ``{host: kind}`` maps stand for the runner ``make(map)`` answers, so
     ``forward(broker={"gpu": Worker.at(...)})`` works; registered by the transport."""
     _stand_ins[kind] = make
     _makers.clear()  # a kind looked up before may now find a maker through its bases
 
 
 def runner_of(broker: Any) -> Runner | None:
-    """The backend a caller handed in: one, or a ``{host: worker}`` map of a kind a
+    """The runner a caller handed in: one, or a ``{host: worker}`` map of a kind a
     transport registered."""
     if broker is None or isinstance(broker, Runner):
         return broker

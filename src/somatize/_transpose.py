@@ -93,13 +93,13 @@ class Back:
                 self._here(given, emit, one.since, answered)
             done = {n: answered[n] for n in want}
             return Later(iter(()), lambda: done) if later else done
-        backend = runner_of(broker)
-        if backend is None:
+        runner = runner_of(broker)
+        if runner is None:
             raise DeclarationError(
                 f"walking back {away[0].nodes[0]!r} means reaching host {away[0].host!r}, and "
                 "no broker was given"
             )
-        backend.prepare(self.data)
+        runner.prepare(self.data)
         forward_id = new_forward_id()
         watching = emit is not None
         pieces = [Slice(shape, {n: given[n] for n in shape.given}, None, watching, one.stamping,
@@ -109,8 +109,8 @@ class Back:
         if self.local is not None:
             meanwhile = lambda: self._here(given, emit, one.since, answered)  # noqa: E731
 
-        def gathered(settled: list) -> dict[str, Any]:
-            for outcome, error in settled:
+        def gathered(answers: list) -> dict[str, Any]:
+            for outcome, error in answers:
                 if error is not None:
                     raise error
                 answered.update(outcome.values)
@@ -122,8 +122,8 @@ class Back:
                 raise DeclarationError(f"walking back, {missing} gave nothing that could travel")
             return {n: answered[n] for n in want}
         if not later:
-            return gathered(fan_out(backend, pieces, meanwhile))
-        spreading = spread(backend, pieces, meanwhile)
+            return gathered(fan_out(runner, pieces, meanwhile))
+        spreading = spread(runner, pieces, meanwhile)
         out: list[dict[str, Any]] = []
 
         def walking():

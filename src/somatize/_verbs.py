@@ -12,6 +12,9 @@ does before it can rebuild a trainer), so nothing below it imports torch.
 The same layer says how the process's random state is read and set (``draws``): a
 host runs each session's slices and verbs with a random state of the session's own,
 swapped in around them (``wire.host``), and needs only those two calls to do it.
+
+Who fills ``VERBS`` and ``RANDOM`` is declared in ``_registries``, with every other
+registry the package keeps.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from ._graph import made_from
 from ._node import Ctx, Done, Opaque
 
 __all__ = ["FAR", "Hooks", "LostValue", "MANY", "ONE", "Program", "ROOT", "SKIP", "gather",
-           "mapped_answer", "mapped_items", "program", "settle", "walk"]
+           "mapped_answer", "mapped_items", "program", "unwrapped", "walk"]
 
 _DATA = frozenset(DATA_TYPES)
 ROOT, ONE, MANY, FAR = 0, 1, 2, 3
@@ -125,7 +125,7 @@ class Hooks:
         return None
 
 
-def settle(value: Any, who: str | None) -> Any:
+def unwrapped(value: Any, who: str | None) -> Any:
     """What may cross an edge, unwrapped; anything else refused at this edge."""
     while True:
         cls = type(value)
@@ -194,7 +194,7 @@ def walk(prog: Program, order: list[int], vals: list[Any], value: Any, hooks: Ho
             if cls is Opaque:
                 out = out.value
             elif cls not in data:
-                out = settle(out, ids[i])
+                out = unwrapped(out, ids[i])
             vals[i] = hooks.after(i, x, out) if marked else out
     except Exception as exc:
         if getattr(exc, "soma_walk", False):  # the walk's own refusal, already named

@@ -9,7 +9,7 @@ import torch
 from splitnets import Broken, Forges, Lin
 
 from somatize import Broker, DeclarationError, Graph, NodeError, StateLost, Worker
-from somatize.torch import NoGradient, Split, Trainer, parameters
+from somatize.torch import NoGradient, Split, Trainer, architecture, parameters
 from somatize.torch._one_piece import InOnePiece
 from somatize.torch._staged import StagedDriver
 
@@ -192,6 +192,23 @@ def test_a_trained_node_that_raises_is_named_by_its_own_id(capfd, where):
     assert "\x1f" not in logged and "\\x1f" not in logged
     if where == "on a worker":
         assert "slice ['body'] failed" in logged
+
+
+def test_the_layers_of_a_node_trained_on_a_worker_are_recorded_as_in_one_piece(worker):
+    """The graph fact lists what each node holds, the one on the worker included (its
+    object here has the same modules): what ``architecture`` says of the net in one piece."""
+    seen = []
+    cut = net("gpu")
+    trains = {"body": Split(torch.optim.SGD, lr=0.1)}
+    split = Trainer(cut, objective=mse, trains=trains, watching=seen.append,
+                    optimizer=torch.optim.SGD(parameters(cut, without=trains), lr=0.1),
+                    broker=Broker.embedded({"gpu": worker}))
+    split.step(batches(1)[0])
+    split.close()
+    said = [f for f in seen if f["fact"] == "graph"][0]["inside"]
+    assert said == {node: [[path, what] for path, what in parts]
+                    for node, parts in architecture(net()).items()}
+    assert [what["cls"] for _, what in said["body"]] == ["Linear"]
 
 
 def test_a_forged_narrowed_type_is_refused_naming_the_node_it_was_handed_to(worker):

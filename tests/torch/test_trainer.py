@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from trainnets import batches, facts, graph, weights
 
 from somatize import Graph, Node, Opaque
-from somatize.torch import NoGradient, Result, Trainer, freeze, parameters
+from somatize.torch import NoGradient, Result, Trainer, architecture, freeze, parameters
 
 
 @pytest.fixture(autouse=True)
@@ -81,6 +81,46 @@ def test_the_facts_of_a_step_come_after_its_forwards_and_update_before_loss():
                     "began", "ran", "ran", "finished", "updated", "loss"]
     assert seen[0]["graph"]["edges"] == [["body", "head"]]  # said once, before it all
     assert all(isinstance(f["value"], float) for f in facts(seen, "loss"))
+
+
+def test_the_graph_fact_says_what_each_node_holds_as_architecture_lists_it():
+    """Read from the module trees, with no forward: the drawing a report makes from the
+    record alone is the one ``architecture(g)`` gives."""
+    g, _, _ = graph()
+    seen = []
+    trainer = Trainer(g, objective=F.mse_loss, optimizer=sgd(g), watching=seen.append)
+    trainer.step(batches(1)[0])
+    said = facts(seen, "graph")
+    assert len(said) == 1 and [f["fact"] for f in seen[:2]] == ["graph", "began"]
+    assert said[0]["inside"] == {node: [[path, what] for path, what in parts]
+                                 for node, parts in architecture(g).items()}
+    assert [path for path, _ in said[0]["inside"]["body"]] == ["net.0", "net.1", "net.2"]
+    assert said[0]["inside"]["body"][0][1]["shape_in"] is None  # nothing ran to be seen
+
+
+def test_a_graph_that_holds_no_modules_says_no_layers():
+    class Scale(Node):
+        def __init__(self, tensor):
+            self.w = tensor
+
+        def forward(self, x, ctx):
+            return Opaque(x * self.w)
+
+        def parameters(self):
+            return [self.w]
+
+    class Plain(Node):
+        def forward(self, x, ctx):
+            return Opaque(x.sum(1, keepdim=True))
+
+    said = []
+    for held in (torch.ones(1, requires_grad=True), torch.nn.Parameter(torch.ones(1))):
+        seen = []
+        g = Graph.somatize(Plain().named("plain") >> Scale(held).named("scale"))
+        Trainer(g, objective=F.mse_loss, optimizer=sgd(g), watching=seen.append).step(batches(1)[0])
+        said.append(facts(seen, "graph")[0])
+    assert "inside" not in said[0]  # a bare tensor is no layer; nothing to open
+    assert list(said[1]["inside"]) == ["scale"]  # a Parameter is; the plain node has none
 
 
 @pytest.mark.parametrize("micro, rows", [(2, 12), (3, 10), (4, 6)])

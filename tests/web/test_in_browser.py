@@ -77,6 +77,10 @@ def test_a_run_seen_live_in_a_browser(tmp_path):
         findings = page.inner_text("#findings")
         assert "dying" in findings and "body" in findings  # its ReLU never fires
         assert page.inner_text("#status") in ("recording", "stopped")
+        # The layers inside each node, drawn from what the Trainer recorded: one Linear
+        # in the body, one in the head, each a row of its own box.
+        drawn = page.locator("#figure-graph .annotation-text").all_text_contents()
+        assert [text for text in drawn if text == "Linear"] == ["Linear", "Linear"]
         shot = tmp_path / "run.png"
         page.screenshot(path=str(shot), full_page=True)
         assert shot.stat().st_size > 50_000  # a page of figures, not a blank one

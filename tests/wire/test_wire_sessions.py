@@ -1,4 +1,4 @@
-"""Sessions on a worker (somatize.wire.host.Sessions, broker.Session): what a client
+"""Sessions on a worker (somatize.wire.host.SessionsHere, broker.Session): what a client
 provisions is its own, side by side with everybody else's; a session that keeps state
 is never given its first copy again; what a worker lets go of is said; and a node's
 Ctrl-C, a slow slice or many clients at once do not take a worker down."""

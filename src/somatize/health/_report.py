@@ -25,30 +25,58 @@ Section = recorded.Section
 def drawing(graph: Any = None, inside: Any = None) -> Callable[[Any, str], Section | None]:
     """A report section: ``graph`` — or, without one, the graph the run's Trainer
     described in a ``graph`` fact — drawn with the run's findings laid over it and
-    ``inside`` (``architecture``'s answer) opening its boxes. Nothing for a run that
-    neither was given nor described a graph."""
+    ``inside`` (``architecture``'s answer) opening its boxes; without ``inside``, the
+    layers the Trainer recorded beside the graph open them, so a report drawn from the
+    store alone shows what the run's own did. Nothing for a run that neither was given
+    nor described a graph."""
     def drawn_section(store: Any, run: str) -> Section | None:
-        drawn = graph if graph is not None else described(store, run)
+        said = graph_said(store, run)
+        drawn = graph if graph is not None else described(said)
         if drawn is None:
             return None
         flags = overlay(diagnose(store, run)) or None
-        return ("The graph", drawn.figure(overlay=flags, inside=inside))
+        if inside is not None:
+            return ("The graph", drawn.figure(overlay=flags, inside=inside))
+        recorded = layers(said, drawn.nodes())
+        if recorded is not None:
+            try:
+                return ("The graph", drawn.figure(overlay=flags, inside=recorded))
+            except (SomaError, TypeError, ValueError):  # a record may hold anything:
+                pass  # what it said of the layers is left out, and the graph drawn closed
+        return ("The graph", drawn.figure(overlay=flags))
     return drawn_section
 
 
-def described(store: Any, run: str) -> Any:
-    """The graph a run's Trainer described in its first forward's ``graph`` fact, rebuilt
-    to be drawn; None when it described none, or what it said is not a graph (a record
-    may hold anything)."""
+def graph_said(store: Any, run: str) -> dict[str, Any] | None:
+    """The ``graph`` fact a run's Trainer said in its first forward (the last one there, if
+    it said several); None when it said none that holds a graph."""
     first = readable(store, listed(store, run)[0][1])
     said = [f for f in (first or {}).get("facts", []) if type(f) is dict and f.get("fact") == "graph"
             and type(f.get("graph")) is dict]
-    if not said:
+    return said[-1] if said else None
+
+
+def described(said: dict[str, Any] | None) -> Any:
+    """The graph a ``graph`` fact describes, rebuilt to be drawn; None when there is no
+    fact, or what it said is not a graph (a record may hold anything)."""
+    if said is None:
         return None
     try:
-        return rebuilt(said[-1]["graph"])
+        return rebuilt(said["graph"])
     except (SomaError, ValueError):  # undescribed() checks it whole, and says it is not
         return None  # not what describe() writes: the section is left out, as for none
+
+
+def layers(said: dict[str, Any] | None, nodes: Any) -> dict[str, list] | None:
+    """What each node holds, as a ``graph`` fact's ``inside`` recorded it
+    (``{node: [[path, what], ...]}``), for the nodes among ``nodes``; None for a run
+    recorded before Trainers said it, or one whose graph held no modules."""
+    inside = (said or {}).get("inside")
+    if type(inside) is not dict:
+        return None
+    known = set(nodes)
+    kept = {node: parts for node, parts in inside.items() if node in known and type(parts) is list}
+    return kept or None
 
 
 def report(store: Any, run: str, path: Any, *, graph: Any = None, inside: Any = None) -> str:

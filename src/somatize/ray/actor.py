@@ -16,7 +16,7 @@ import uuid
 from typing import Any
 
 from .._errors import ProtocolError
-from ..wire.host import (Holding, Refused, Sessions, answer, control, provisioned,
+from ..wire.host import (Holding, Refused, SessionsHere, answer, control, provisioned,
                          refused_catalog)
 from ..wire.log import say
 from ..wire.buffers import joined, outgoing
@@ -29,7 +29,7 @@ class Host:
 
     def __init__(self) -> None:
         say.routine_too = False  # Ray forwards an actor's stderr to the client's terminal
-        self.sessions = Sessions()
+        self.sessions = SessionsHere()
         # What stayed for a forward, per session: a named actor runs several clients'
         # calls at once, and one's forward must not clear another's.
         self.holdings: dict[bytes, Holding] = {}
@@ -48,10 +48,10 @@ class Host:
             self.sessions.admits(session, ident)
         except Refused as exc:
             return "error", {"e": "session", "m": str(exc)}
-        tenant, gone = self.sessions.lookup(session)
-        if tenant is not None and tenant.catalog == ident:
+        held, gone = self.sessions.lookup(session)
+        if held is not None and held.catalog == ident:
             return "ok", {}
-        if tenant is None and live:
+        if held is None and live:
             return "need", {"gone": gone or "Ray started this actor afresh"}
         try:
             graph = provisioned(ident, kind, runtime, [blob])

@@ -23,7 +23,8 @@ from .._errors import DeclarationError, WireError
 from .._slices import Outcome
 from .._verbs import END
 from ..wire.buffers import joined, outgoing, size
-from ..wire.transport import (Link, Pending, Place, Request, Tenancy, catalog_refused,
+from ..wire.declare import Worker
+from ..wire.transport import (Link, Pending, Request, SessionThere, catalog_refused,
                               outcome_of, state_lost, verb_answered, verb_request)
 from .actor import Host
 
@@ -53,8 +54,8 @@ class _Restarting(Exception):
         self.error = error
 
 
-class RayWorker(Place):
-    """A host that is a Ray actor, placed by resources; see ``Worker.on_ray``."""
+class RayWorker(Worker):
+    """A worker whose host is a Ray actor, placed by resources; see ``Worker.on_ray``."""
 
     def __init__(self, mode: str = "project", send: Any = (), *, num_cpus: float | None = None,
                  num_gpus: float | None = None, resources: dict[str, float] | None = None,
@@ -231,7 +232,7 @@ class RayLink(Link):
         except _Restarting as exc:  # met the actor while Ray restarted it: read it again
             sent.ref = exc
         except BaseException as exc:
-            sent.error, sent.settled = exc, True
+            sent.error, sent.answered = exc, True
         return sent
 
     def _send(self, sent: _Sent) -> None:
@@ -239,16 +240,16 @@ class RayLink(Link):
         so that calls leave in the order their slices were handed over)."""
         with self.lock:
             actor = self.worker.actor(sent.host)
-            self._provide(sent.host, actor, sent.tenancy)
+            self._provide(sent.host, actor, sent.there)
             sent.ref = actor.slice.remote(sent.header, *sent.pieces)
             with self._flying_lock:
                 self._flying.add(sent.ref)
 
-    def settle(self, sent: _Sent) -> None:
+    def read_reply(self, sent: _Sent) -> None:
         """Reads a sent slice's answer. A fresh actor (Ray restarted it) answers "need"
         before running anything: a session that keeps nothing is sent once more, one
         whose state was there is said to be lost."""
-        host, nodes, tenancy = sent.host, sent.nodes, sent.tenancy
+        host, nodes, there = sent.host, sent.nodes, sent.there
         doing = f"while running slice {nodes}"
         try:
             for attempt in (0, 1):
@@ -263,16 +264,16 @@ class RayLink(Link):
                     self._send(sent)
                     continue
                 if kind == "need":  # Ray restarted it: a fresh actor holds no session
-                    tenancy.declared = None
-                    if tenancy.learnt:
-                        raise state_lost(host, self.worker.where(host), tenancy,
+                    there.declared = None
+                    if there.learnt:
+                        raise state_lost(host, self.worker.where(host), there,
                                          head.get("gone") or "Ray started its actor afresh")
                     if attempt == 0:
                         self._send(sent)
                         continue
                     raise WireError(f"host {host!r}: its Ray actor keeps losing its catalog",
                                     host=host)
-                tenancy.live = True
+                there.live = True
                 took = (time.perf_counter_ns() - sent.began) // 1000
                 sent.outcome = outcome_of(host, nodes, kind, head, joined(back),
                                           sent=sent.bytes, took_sent=sent.took_sent,
@@ -281,25 +282,25 @@ class RayLink(Link):
         except BaseException as exc:
             sent.error = exc
         finally:
-            sent.settled, sent.pieces = True, []
+            sent.answered, sent.pieces = True, []
 
-    def control(self, tenancy: Tenancy, verb: str, args: Any = None, *, host: str = "") -> Any:
+    def control(self, there: SessionThere, verb: str, args: Any = None, *, host: str = "") -> Any:
         """Asks the actor a verb for the session (``Link.control``): one actor call,
         after the catalog where the actor lacks it, in the order of the calls before it."""
         if verb == END:
-            return self.end(tenancy)
-        head, buffers = verb_request(tenancy, verb, args)
+            return self.end(there)
+        head, buffers = verb_request(there, verb, args)
         doing = f"while answering verb {verb!r}"
         for attempt in (0, 1):
             with self.lock:
                 actor = self.worker.actor(host)
-                self._provide(host, actor, tenancy)
+                self._provide(host, actor, there)
                 ref = actor.control.remote(head, *outgoing(buffers))
             kind, said, back = self._call(host, ref, doing)
             if kind == "need":  # Ray restarted it: a fresh actor holds no session
-                tenancy.declared = None
-                if tenancy.learnt:
-                    raise state_lost(host, self.worker.where(host), tenancy,
+                there.declared = None
+                if there.learnt:
+                    raise state_lost(host, self.worker.where(host), there,
                                      said.get("gone") or "Ray started its actor afresh")
                 if attempt == 0:
                     continue
@@ -308,37 +309,37 @@ class RayLink(Link):
             return verb_answered(host, verb, kind, said, joined(back))
         raise AssertionError("unreachable")
 
-    def _provide(self, host: str, actor: Any, tenancy: Tenancy) -> None:
+    def _provide(self, host: str, actor: Any, there: SessionThere) -> None:
         """Hands the actor the session's staged catalog, unless it holds it already."""
-        if tenancy.declared_in(self.instance):
+        if there.declared_in(self.instance):
             return
-        staged = tenancy.staged
+        staged = there.staged
         where = self.worker.where(host)
-        if tenancy.lost_in(self.instance):
-            raise state_lost(host, where, tenancy, "Ray started its actor afresh")
+        if there.lost_in(self.instance):
+            raise state_lost(host, where, there, "Ray started its actor afresh")
         blob = self._blobs.get(staged.ident)
         if blob is None:
             blob = self._blobs[staged.ident] = ray.put(staged.blob)
         kind, head = self._call(host, actor.provision.remote(
-            tenancy.session, staged.ident, staged.kind, staged.runtime, blob, tenancy.keeps,
-            tenancy.learnt), "while receiving its catalog")
+            there.session, staged.ident, staged.kind, staged.runtime, blob, there.keeps,
+            there.learnt), "while receiving its catalog")
         if kind == "need":
-            raise state_lost(host, where, tenancy, head.get("gone") or "Ray started its actor afresh")
+            raise state_lost(host, where, there, head.get("gone") or "Ray started its actor afresh")
         if kind == "error":
             raise catalog_refused(host, where, head)
-        tenancy.declared, tenancy.instance = staged.ident, self.instance
+        there.declared, there.instance = staged.ident, self.instance
 
-    def end(self, tenancy: Tenancy) -> None:
+    def end(self, there: SessionThere) -> None:
         """Tells the actor to let go of a session (nothing, if it is gone)."""
         actor = self.worker.started()
-        if actor is None or tenancy.declared is None or tenancy.instance != self.instance:
+        if actor is None or there.declared is None or there.instance != self.instance:
             return
-        tenancy.declared = None
+        there.declared = None
         try:
-            ray.get(actor.end.remote(tenancy.session), timeout=self.worker.timeout)
+            ray.get(actor.end.remote(there.session), timeout=self.worker.timeout)
         except Exception as exc:  # noqa: BLE001  (the actor or the cluster may be gone)
             warnings.warn(f"the Ray actor could not be told to end session "
-                          f"{tenancy.session.hex()[:12]} ({type(exc).__name__}: {exc}); it "
+                          f"{there.session.hex()[:12]} ({type(exc).__name__}: {exc}); it "
                           "holds what the session trained until it is let go",
                           RuntimeWarning, stacklevel=4)
 

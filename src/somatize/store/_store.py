@@ -52,7 +52,7 @@ _finite = math.isfinite
 # Run before a name (or, with None, every name) is read through any Store: a layer above
 # that holds writes back, such as a Recorder writing behind its run, registers here to
 # write them first, so that a process reads its own writes and the store need not know
-# who holds what.
+# who holds what. (This and ``_standing_in`` are rows of ``_registries``.)
 _readers_first: list[Callable[[Store, str | None], None]] = []
 
 

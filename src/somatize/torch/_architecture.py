@@ -523,7 +523,9 @@ def architecture(graph: Any, example: Any = None, *, most: int = 48, depth: int 
                     if isinstance(thing, torch.nn.Module) for m in thing.modules()}.values())
     seen, signatures = _Seen(), {}
     out: dict[str, Inside] = {}
-    with _undisturbed(modules):
+    # Without an example nothing runs, so there is nothing to put back: a Trainer lists
+    # a graph this way, and copying every buffer would be its whole cost.
+    with _undisturbed(modules) if example is not None else contextlib.nullcontext():
         if example is not None:
             handles = seen.hook(modules, keep_inputs=depth > 0)
             try:

@@ -28,7 +28,6 @@ from .._node import Node, Opaque
 from ..record import Recorder
 from ..store import Store
 from ..wire import Broker, Worker
-from ._architecture import architecture
 from ._learning import Split
 from ._trainer import Trainer
 from ._weights import parameters
@@ -132,13 +131,11 @@ def main(argv: list[str] | None = None) -> int:
         result = trainer.fit(batches)
         trainer.close()
         recorder.close()
-    inside = architecture(g, Opaque(data[0][0]))
-    report(store, recorder.run, result.history, inside, args.report, g,
-           time.perf_counter() - began)
+    report(store, recorder.run, result.history, args.report, g, time.perf_counter() - began)
     return 0
 
 
-def report(store: Store, run: str, history: list[float], inside: Any, path: str, g: Graph,
+def report(store: Store, run: str, history: list[float], path: str, g: Graph,
            took: float) -> None:
     """The table at the end, and the report beside it."""
     ran = record.nodes(store, run)
@@ -156,7 +153,9 @@ def report(store: Store, run: str, history: list[float], inside: Any, path: str,
             say(f"finding: {finding.what} at {finding.where} since step {finding.since}")
     else:
         say("findings: none (the audit saw nothing unhealthy)")
-    health.report(store, run, path, graph=g, inside=inside)  # the graph as it ran, opened
+    # The graph as it ran, opened with the layers the Trainer recorded: what `somatize
+    # report` and `serve` draw for this run, from the store alone.
+    health.report(store, run, path, graph=g)
     say(f"report: {os.path.abspath(path)} (opens offline)   done in {took:.0f} s")
     say(f"the worker's log: {os.path.join(os.path.abspath(store.where), 'worker.log')}")
     somatize = command()

@@ -32,6 +32,7 @@ from .._node import Opaque
 from .._remember import open_store
 from ..store._store import check_name
 from .._slices import runner_of
+from ._architecture import architecture
 from ._audit import audit_for
 from ._checks import (
     check_caches,
@@ -85,7 +86,10 @@ class Trainer:
     ``micro`` pieces make one step; they multiply. ``store`` makes a frozen
     ``.cached()`` prefix run once per distinct batch. ``broker`` says where the hosts
     are; ``workers={host: Worker}`` says the same in the reference pages' spelling.
-    ``watching`` is handed to every forward and also told ``loss`` and ``updated``.
+    ``watching`` is handed to every forward and also told ``loss`` and ``updated``,
+    and once, before the first forward, ``graph``: the graph described, the optimizer's
+    class and, as ``inside``, what each node holds (``architecture(graph)``, without an
+    example), so that a report drawn from the record alone opens the nodes' boxes.
     ``auditing=True`` (or an ``Audit``) hooks the graph and tells ``watching`` one
     ``health`` fact per node after each measured step (``Audit(leaks=True)`` adds, per
     trained cut, what a worker could learn from what it is sent); ``protecting={node:
@@ -183,6 +187,13 @@ class Trainer:
             said = {"fact": "graph", "graph": describe(self._graph.data()),
                     "optimizer": type(self._optimizer).__qualname__
                     if self._optimizer is not None else None}
+            # What each node holds, read from its module tree without a forward (a node
+            # trained on a worker is an object here too): a report drawn from the record
+            # alone opens the boxes as architecture() would.
+            inside = architecture(self._graph)
+            if inside:
+                said["inside"] = {node: [[path, what] for path, what in parts]
+                                  for node, parts in inside.items()}
             # A narrower type on a cut changes the arithmetic: the record says where.
             compressed = {n: str(learning.seat.compress).removeprefix("torch.")
                           for n, learning in self._driver.trains.items()

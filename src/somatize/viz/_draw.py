@@ -188,8 +188,10 @@ def _part(node: str, path: str, what: Mapping[str, Any], flags: list[str]) -> tu
     label = cls + (f" ×{times}" if times > 1 else "")
     params = what.get("params")
     hover = [f"<b>{_escape(node)}.{_escape(path)}</b>" if path else f"<b>{_escape(node)}</b>",
-             f"{_escape(cls)} ({_escape(str(what.get('kind', 'other')))})",
-             f"in {_escape(_shape(what.get('shape_in')))} → out {_escape(_shape(what.get('shape_out')))}"]
+             f"{_escape(cls)} ({_escape(str(what.get('kind', 'other')))})"]
+    shape_in, shape_out = what.get("shape_in"), what.get("shape_out")
+    if shape_in is not None or shape_out is not None:  # listed without a run: no shapes seen
+        hover.append(f"in {_escape(_shape(shape_in))} → out {_escape(_shape(shape_out))}")
     if isinstance(params, int):
         hover.append(f"{params:,} parameters" + (f" each, ×{times} = {params * times:,}" if times > 1 else ""))
     if times > 1:

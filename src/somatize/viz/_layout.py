@@ -167,13 +167,13 @@ def _untangle(columns: list[list[Any]], preds: Mapping[Any, Sequence[Any]],
     """Orders each column by band, then by where its neighbours stand (in place)."""
     where: dict[Any, float] = {}
 
-    def settle(column: list[Any]) -> None:
+    def mark_where(column: list[Any]) -> None:
         for i, n in enumerate(column):
             where[n] = (i + 0.5) / len(column)
 
     for column in columns:
         column.sort(key=lambda n: band_of[n])
-        settle(column)
+        mark_where(column)
     for sweep in range(SWEEPS):
         rightwards = sweep % 2 == 0
         indices = range(1, len(columns)) if rightwards else range(len(columns) - 2, -1, -1)
@@ -184,7 +184,7 @@ def _untangle(columns: list[list[Any]], preds: Mapping[Any, Sequence[Any]],
                 near = preds[n] if rightwards else succs[n]
                 keys[n] = (band_of[n], sum(where[m] for m in near) / len(near) if near else where[n])
             column.sort(key=keys.__getitem__)
-            settle(column)
+            mark_where(column)
 
 
 def _stack(columns: list[list[Any]], places: list[str | None], band_of: Mapping[Any, int],

@@ -23,7 +23,7 @@ from .._graph import made_from, user_ids
 from .._slices import Outcome, Runner, Shape, Slice, stands_for
 from .._walk import LostValue
 from .catalog import catalog_id, pack_values, runtime_of
-from .transport import Form, Place, Request, Staged, Tenancy, state_lost
+from .transport import Place, Request, SessionThere, SliceForm, Staged, state_lost
 
 __all__ = ["Broker", "Session"]
 
@@ -199,17 +199,20 @@ def _pack(data: Any, worker: Place, hosts: set[str]) -> Staged:
 
 class Session(Runner):
     """One owner's state on the workers of a broker, kept apart from everybody
-    else's: a random id, a catalog per wire, and what each worker is known to hold.
+    else's: a random id, a catalog per wire, and what each worker is known to hold
+    (a ``transport.SessionThere`` per wire, which its host holds as a
+    ``host.SessionHere`` among its ``SessionsHere``).
     A runner of its own, so whoever drives a graph in pieces hands it to the walk."""
 
     def __init__(self, broker: Broker, keeps: bool = False,
-                 owned: tuple[bytes, dict[bytes, Tenancy]] | None = None, shares: bool = False):
+                 owned: tuple[bytes, dict[bytes, SessionThere]] | None = None,
+                 shares: bool = False):
         self.broker, self.keeps, self.shares = broker, keeps, shares
-        self.id, self._tenancies = owned if owned is not None else (secrets.token_bytes(16), {})
+        self.id, self._by_wire = owned if owned is not None else (secrets.token_bytes(16), {})
         # The data form staged last (a forward stages each time), held weakly: a broker
         # keeps a session per graph for as long as the graph lives, and no longer.
         self._prepared: Any = _NOTHING
-        self._hosts: dict[str, tuple[Place, Tenancy]] = {}  # each host's wire, found once
+        self._hosts: dict[str, tuple[Place, SessionThere]] = {}  # each host's wire, found once
         self._closed = False  # closed by its owner: what it learnt is nobody's now
 
     @property
@@ -220,10 +223,10 @@ class Session(Runner):
         """Another session on the same workers (sessions do not nest)."""
         return self.broker.session(keeps, shares)
 
-    def _tenancy(self, worker: Place) -> Tenancy:
-        found = self._tenancies.get(worker.wire)
+    def _there(self, worker: Place) -> SessionThere:
+        found = self._by_wire.get(worker.wire)
         if found is None:
-            found = self._tenancies[worker.wire] = Tenancy(self.id, self.keeps,
+            found = self._by_wire[worker.wire] = SessionThere(self.id, self.keeps,
                                                            shares=self.shares)
         return found
 
@@ -233,17 +236,17 @@ class Session(Runner):
             return
         self._prepared = weakref.ref(data)
         for worker, staged in self.broker.stagings(data):
-            tenancy = self._tenancy(worker)
-            if tenancy.staged is not staged:
-                tenancy.staged = staged
+            there = self._there(worker)
+            if there.staged is not staged:
+                there.staged = staged
 
     def run(self, piece: Slice) -> Outcome:
         worker, request = self._request(piece)
-        return worker.link_for(request.form.tenancy).run(request)
+        return worker.link_for(request.form.there).run(request)
 
     def submit(self, piece: Slice) -> Any:
         worker, form = self._form(piece.shape)
-        link = worker.link_for(form.tenancy)
+        link = worker.link_for(form.there)
         if not link.ordered:  # a host that may reorder what is sent ahead: a thread
             return super().submit(piece)
         worker, request = self._request(piece)
@@ -254,11 +257,11 @@ class Session(Runner):
         a trainer there holds, the session's random state there. Its catalog is staged
         first where the graph is known (``prepare``), so a verb that comes before any
         slice provisions this session itself, and never opens another."""
-        worker, tenancy = self._place(host)
-        if self._closed and tenancy.learnt:
-            raise state_lost(host, worker.where(host), tenancy,
+        worker, there = self._place(host)
+        if self._closed and there.learnt:
+            raise state_lost(host, worker.where(host), there,
                              "its owner closed it (Trainer.close())")
-        return worker.control(tenancy, verb, args, host=host)
+        return worker.control(there, verb, args, host=host)
 
     def close(self) -> None:
         """Tells every worker this session ran on to let go of it now. What it learnt
@@ -266,19 +269,19 @@ class Session(Runner):
         is a ``StateLost``, never a session that quietly trains on."""
         self._closed = True
         for worker in dict.fromkeys(self.broker.wire_of(h) for h in self.broker.hosts()):
-            tenancy = self._tenancies.get(worker.wire)
-            if tenancy is not None:
-                worker.end(tenancy)
+            there = self._by_wire.get(worker.wire)
+            if there is not None:
+                worker.end(there)
 
-    def _place(self, host: str) -> tuple[Place, Tenancy]:
+    def _place(self, host: str) -> tuple[Place, SessionThere]:
         """The worker whose wire a host is on, and this session there; found once."""
         found = self._hosts.get(host)
         if found is None:
             worker = self.broker.wire_of(host)
-            found = self._hosts[host] = (worker, self._tenancy(worker))
+            found = self._hosts[host] = (worker, self._there(worker))
         return found
 
-    def _form(self, shape: Shape) -> tuple[Place, Form]:
+    def _form(self, shape: Shape) -> tuple[Place, SliceForm]:
         """The wire a shape of slice goes over and what its requests always say; made
         once per shape, since a walk sends the same shapes again and again, and kept
         with the shape (so with its graph), not here."""
@@ -287,8 +290,8 @@ class Session(Runner):
             forms = shape.memo[_FORMS] = weakref.WeakKeyDictionary()
         found = forms.get(self)
         if found is None:
-            worker, tenancy = self._place(shape.host)
-            found = forms[self] = (worker, Form(tenancy, shape.host, list(shape.nodes),
+            worker, there = self._place(shape.host)
+            found = forms[self] = (worker, SliceForm(there, shape.host, list(shape.nodes),
                                                 list(shape.wanted), shape.transposed))
         return found
 
@@ -296,8 +299,8 @@ class Session(Runner):
         """The wire a slice goes over, and the request its link sends."""
         shape = piece.shape
         worker, form = self._form(shape)
-        if self._closed and form.tenancy.learnt:
-            raise state_lost(shape.host, worker.where(shape.host), form.tenancy,
+        if self._closed and form.there.learnt:
+            raise state_lost(shape.host, worker.where(shape.host), form.there,
                              "its owner closed it (Trainer.close())")
         data = shape.data
         if self._prepared() is not data:

@@ -24,7 +24,7 @@ from .._slices import Outcome
 from .channel import Channel, Closed
 from .._verbs import END
 from .protocol import HANDSHAKE, VERSION, Keyed, connection_key, derive_key, new_nonce, proof
-from .transport import (FORMS, Link, Pending, Request, Tenancy, catalog_refused, outcome_of,
+from .transport import (FORMS, Link, Pending, Request, SessionThere, catalog_refused, outcome_of,
                         state_lost, verb_answered, verb_request)
 
 __all__ = ["SocketLink", "SocketPending"]
@@ -62,7 +62,7 @@ class SocketLink(Link):
         self._sending = False
         self._carried = [0, 0]  # bytes sent and received on connections since dropped
         # Which connection this is (counted over the link's life), and how many forms it
-        # said in full: a form said on it notes both (Form.said), so nothing here holds
+        # said in full: a form said on it notes both (SliceForm.said), so nothing here holds
         # on to a form, nor to the session and catalog behind it.
         self._connection = 0
         self._forms = 0
@@ -73,7 +73,7 @@ class SocketLink(Link):
         pending = SocketPending(self, request)
         with self.lock:  # sent and read under one hold of the lock: the common case
             self._send(pending, retry=True)
-            while not pending.settled:
+            while not pending.answered:
                 self._read_one()
         if pending.error is not None:
             raise pending.error
@@ -92,11 +92,11 @@ class SocketLink(Link):
         host, nodes, request = pending.host, pending.nodes, pending.request
         for attempt in (0, 1):
             fresh = self._open(host)
-            if not pending.tenancy.declared_in(self.instance):
-                self._settle_all()  # a catalog's round trip comes after what is out
-                self._declare(host, pending.tenancy)
+            if not pending.there.declared_in(self.instance):
+                self._read_replies()  # a catalog's round trip comes after what is out
+                self._declare(host, pending.there)
             if self.inflight and not self.channel.duplex:
-                self._settle_all()  # TLS cannot read while it sends: no overlap there
+                self._read_replies()  # TLS cannot read while it sends: no overlap there
             header, naming = self._header(request)
             began = time.perf_counter_ns()
             reading = self._read_more if self.inflight else None
@@ -138,10 +138,10 @@ class SocketLink(Link):
         header["p"] = number
         return header, number
 
-    def settle(self, pending: SocketPending) -> None:
+    def read_reply(self, pending: SocketPending) -> None:
         """Reads answers, oldest first, until ``pending``'s is in."""
         with self.lock:
-            while not pending.settled:
+            while not pending.answered:
                 if not self.inflight:  # dropped with it unanswered, and told so
                     raise AssertionError("a pending slice that is neither out nor answered")
                 self._read_one()
@@ -152,12 +152,12 @@ class SocketLink(Link):
             self._read_one()
         return bool(self.inflight)
 
-    def _settle_all(self) -> None:
+    def _read_replies(self) -> None:
         while self.inflight:
             self._read_one()
 
     def _read_one(self) -> None:
-        """Reads the next answer and settles the oldest slice out with it."""
+        """Reads the next answer and fills in the oldest slice out with it."""
         owed = list(self.inflight)
         pending = owed[0]
         host, nodes = pending.host, pending.nodes
@@ -168,15 +168,15 @@ class SocketLink(Link):
         except BaseException as exc:  # the connection is gone: so is every answer owed
             self.inflight.clear()
             for each in owed:
-                self._settle(each, None, exc)
+                self._fill(each, None, exc)
             raise
         self.inflight.popleft()
-        tenancy = pending.tenancy
+        there = pending.there
         if reply.kind == "need":  # the worker holds the session no more
-            tenancy.declared = None
-            if tenancy.learnt:
-                self._settle(pending, None, state_lost(
-                    host, self.worker.where(host), tenancy,
+            there.declared = None
+            if there.learnt:
+                self._fill(pending, None, state_lost(
+                    host, self.worker.where(host), there,
                     reply.header.get("gone") or "the worker let go of its session"))
                 return
             if not self.inflight and pending.request is not None and not self._sending:
@@ -184,30 +184,30 @@ class SocketLink(Link):
                 try:
                     self._send(pending, retry=False)
                 except BaseException as exc:
-                    self._settle(pending, None, exc)
+                    self._fill(pending, None, exc)
                 pending.request = None  # no third time
                 return
-            self._settle(pending, None, WireError(
+            self._fill(pending, None, WireError(
                 f"host {host!r}: the worker keeps letting go of this client's session "
                 f"({reply.header.get('gone') or 'no reason given'})", host=host))
             return
-        tenancy.live = True  # it ran there, whatever it answered
+        there.live = True  # it ran there, whatever it answered
         try:
             outcome = self._outcome(host, nodes, reply, pending.sent, pending.took_sent,
                                     pending.watching)
         except Exception as exc:
-            self._settle(pending, None, exc)
+            self._fill(pending, None, exc)
         else:
-            self._settle(pending, outcome, None)
+            self._fill(pending, outcome, None)
 
     @staticmethod
-    def _settle(pending: SocketPending, outcome: Outcome | None, error: BaseException | None) -> None:
-        pending.outcome, pending.error, pending.settled = outcome, error, True
+    def _fill(pending: SocketPending, outcome: Outcome | None, error: BaseException | None) -> None:
+        pending.outcome, pending.error, pending.answered = outcome, error, True
         pending.request = None
 
     def _fail_inflight(self, exc: BaseException) -> None:
         while self.inflight:
-            self._settle(self.inflight.popleft(), None, exc)
+            self._fill(self.inflight.popleft(), None, exc)
 
     def _outcome(self, host: str, nodes: list[str], reply: Any, sent: int, took_sent: int,
                  watching: bool) -> Outcome:
@@ -218,25 +218,25 @@ class SocketLink(Link):
                           watching=watching)
 
     # -- a verb ---------------------------------------------------------------------
-    def control(self, tenancy: Tenancy, verb: str, args: Any = None, *, host: str = "") -> Any:
+    def control(self, there: SessionThere, verb: str, args: Any = None, *, host: str = "") -> Any:
         """Asks the worker a verb for the session (``Link.control``) in one round trip,
         after the answers still owed on the connection, in a sealed frame."""
         if verb == END:
-            return self.end(tenancy)
-        head, buffers = verb_request(tenancy, verb, args)
+            return self.end(there)
+        head, buffers = verb_request(there, verb, args)
         doing = f"while answering verb {verb!r}"
         with self.lock:
             for attempt in (0, 1):
                 self._open(host)
-                self._settle_all()  # the connection answers in order: what is out first
-                if not tenancy.declared_in(self.instance):
-                    self._declare(host, tenancy)
+                self._read_replies()  # the connection answers in order: what is out first
+                if not there.declared_in(self.instance):
+                    self._declare(host, there)
                 self._request(host, "control", head, buffers, sealed=True)
                 reply = self._answer(host, doing)
                 if reply.kind == "need":  # the worker holds the session no more
-                    tenancy.declared = None
-                    if tenancy.learnt:
-                        raise state_lost(host, self.worker.where(host), tenancy,
+                    there.declared = None
+                    if there.learnt:
+                        raise state_lost(host, self.worker.where(host), there,
                                          reply.header.get("gone")
                                          or "the worker let go of its session")
                     if attempt == 0:
@@ -249,54 +249,54 @@ class SocketLink(Link):
         raise AssertionError("unreachable")
 
     # -- the catalog ----------------------------------------------------------------
-    def _declare(self, host: str, tenancy: Tenancy) -> None:
+    def _declare(self, host: str, there: SessionThere) -> None:
         """Makes sure the worker holds this session's catalog, sending it only if the
         worker says it lacks it. A session that keeps state and has run is never
         handed its first copy again: that it is gone is said (``StateLost``)."""
-        staged = tenancy.staged
+        staged = there.staged
         where = self.worker.where(host)
-        if tenancy.lost_in(self.instance):
-            raise state_lost(host, where, tenancy, f"the worker restarted (it was process "
-                             f"{tenancy.instance[:12]}, and is {str(self.instance)[:12]} now)")
-        head = {"c": staged.ident, "s": tenancy.session}
+        if there.lost_in(self.instance):
+            raise state_lost(host, where, there, f"the worker restarted (it was process "
+                             f"{there.instance[:12]}, and is {str(self.instance)[:12]} now)")
+        head = {"c": staged.ident, "s": there.session}
         self._request(host, "catalog", head)
         reply = self._answer(host, "while checking its catalog")
         if reply.kind == "need":
-            if tenancy.learnt:
-                raise state_lost(host, where, tenancy, reply.header.get("gone")
+            if there.learnt:
+                raise state_lost(host, where, there, reply.header.get("gone")
                                  or "the worker holds its session no more")
             self._request(host, "provision", {**head, "kind": staged.kind, "r": staged.runtime,
-                                              "keeps": tenancy.keeps}, [staged.blob], sealed=True)
+                                              "keeps": there.keeps}, [staged.blob], sealed=True)
             reply = self._answer(host, "while receiving its catalog")
         if reply.kind == "error":
             raise catalog_refused(host, where, reply.header)
         if reply.kind != "ok":
             self._drop()
             raise ProtocolError(f"host {host!r} answered a catalog with {reply.kind!r}", host=host)
-        tenancy.declared, tenancy.instance = staged.ident, self.instance
+        there.declared, there.instance = staged.ident, self.instance
 
-    def end(self, tenancy: Tenancy) -> None:
+    def end(self, there: SessionThere) -> None:
         """Tells the worker its owner is done with this session, so what it holds goes
         now rather than at its lease. Answers still owed on the connection are read
-        first (their slices are settled with them), and a dropped connection is opened
+        first (their slices are answered with them), and a dropped connection is opened
         again, since the session outlives it; a worker that restarted holds nothing of
         it. One that cannot be reached is warned about: it lets the session go at its
         ``--session-lease``."""
         with self.lock:
-            if tenancy.declared is None:  # nothing of it is held there, as far as we know
+            if there.declared is None:  # nothing of it is held there, as far as we know
                 return
-            tenancy.declared = None
+            there.declared = None
             try:
-                self._settle_all()
+                self._read_replies()
                 self._open("")
-                if tenancy.instance != self.instance:  # another process: it holds nothing
+                if there.instance != self.instance:  # another process: it holds nothing
                     return
-                self._request("", "end", {"s": tenancy.session})
+                self._request("", "end", {"s": there.session})
                 self._answer("", "while ending a session")
             except WireError as exc:
                 warnings.warn(
                     f"the worker at {self.worker.where('')} could not be told to end session "
-                    f"{tenancy.session.hex()[:12]} ({exc}); it holds what the session trained "
+                    f"{there.session.hex()[:12]} ({exc}); it holds what the session trained "
                     "until its --session-lease runs out", RuntimeWarning, stacklevel=4)
 
     def _too_large(self, host: str, what: str, exc: ProtocolError) -> ProtocolError:

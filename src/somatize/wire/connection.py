@@ -19,8 +19,8 @@ from typing import Any, Protocol
 from .._errors import ProtocolError
 from .._graph import user_ids
 from .channel import Channel, Closed
-from .host import (Holding, Refused, Sessions, SliceForm, answer, control, failed,
-                   provisioned, refused_catalog, short, slice_form)
+from .host import (Holding, Refused, SessionsHere, SliceFormHere, answer, control, failed,
+                   provisioned, refused_catalog, short, slice_form_here)
 from .log import quoted, say
 from .transport import FORMS
 from .protocol import (
@@ -46,7 +46,7 @@ class Serving(Protocol):
     salt: bytes
     limits: Any
     instance: str
-    sessions: Sessions
+    sessions: SessionsHere
     stopping: threading.Event
 
     def authenticated(self, connection: Connection) -> bool: ...
@@ -69,9 +69,9 @@ class Connection:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.channel = Channel(sock, server.limits)
         self.holding = Holding()  # what stayed here for this client's forward
-        self.forms: list[SliceForm] = []  # what slices said in full here, by number
+        self.forms: list[SliceFormHere] = []  # what slices said in full here, by number
         self.busy_since: float | None = None
-        self.settling = False  # running what a slice left for after its answer
+        self.running_afterwards = False  # running what a slice left for after its answer
         self.interval = 1.0
         self.thread_done = threading.Event()
         self.closed = threading.Event()
@@ -216,7 +216,7 @@ class Connection:
 
     def _may_beat(self) -> bool:
         return self.busy_since is not None and not self.closed.is_set() and (
-            not self.settling or not self.channel.idle_and_open())
+            not self.running_afterwards or not self.channel.idle_and_open())
 
     # -- requests -------------------------------------------------------------------
     def _serve(self) -> None:
@@ -244,11 +244,11 @@ class Connection:
         except Refused as exc:
             self._refuse_session(exc)
             return
-        tenant, gone = sessions.lookup(session)
-        if tenant is not None and tenant.catalog == wanted:
+        held, gone = sessions.lookup(session)
+        if held is not None and held.catalog == wanted:
             self.channel.send("ok")
         else:
-            self.channel.send("need", {"gone": gone} if gone and tenant is None else {})
+            self.channel.send("need", {"gone": gone} if gone and held is None else {})
 
     def _on_provision(self, frame: Any) -> None:
         head = frame.header
@@ -329,22 +329,22 @@ class Connection:
             size = self._reply(reply, nodes)
             took = time.perf_counter() - began
         finally:
-            if reply.settle is not None:
-                self._settle(reply.settle)
+            if reply.afterwards is not None:
+                self._run_afterwards(reply.afterwards)
         if reply.kind == "done" and size and say.routine_too:
             say.routine("%s: slice %s ran in %.1f ms, answered %d bytes", self.name,
                         _said(nodes), took * 1e3, size)
 
-    def _settle(self, settle: Callable[[], None]) -> None:
+    def _run_afterwards(self, afterwards: Callable[[], None]) -> None:
         """Runs what a slice's nodes left for after its answer, now it has gone: busy
         for the heartbeat, which waits for the client's next request (``_may_beat``)."""
-        self.settling = True  # before busy: no beat may see busy alone
+        self.running_afterwards = True  # before busy: no beat may see busy alone
         self.busy_since = time.monotonic()
         try:
-            settle()
+            afterwards()
         finally:
             self.busy_since = None
-            self.settling = False
+            self.running_afterwards = False
 
     def _reply(self, reply: Any, nodes: Any) -> int:
         """Sends a slice's answer and returns its size; one larger than the client takes
@@ -359,7 +359,7 @@ class Connection:
             self.channel.send("error", failure.header)
             return 0
 
-    def _form(self, head: dict[str, Any]) -> SliceForm | None:
+    def _form(self, head: dict[str, Any]) -> SliceFormHere | None:
         """The form a slice request says in full and numbers (kept, under the next
         number, for the requests after it on this connection), or names by its number;
         None for a request that does neither."""
@@ -374,7 +374,7 @@ class Connection:
             if type(number) is not int or number != len(forms) or number >= FORMS:
                 raise ProtocolError(f"a slice numbering its form {said} where {len(forms)} "
                                     "was next")
-            form = slice_form(head)
+            form = slice_form_here(head)
             forms.append(form)
             return form
         if type(number) is not int or not 0 <= number < len(forms):

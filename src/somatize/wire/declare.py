@@ -1,5 +1,10 @@
 """Worker: where a slice goes and how to pack for it — a declaration, not a connection.
 
+``Worker`` is what a user holds for every kind of worker: its constructors say which
+(``at``, ``generic`` and ``spawn`` a process reached over a socket, a ``SocketWorker``;
+``on_ray`` a Ray actor; ``in_process`` a host in this process), and each answers a
+``Worker``. The socket one is here; the others are filled in by their own modules.
+
 Declaring opens nothing, so a host that is not there fails when a slice needs it and
 not when it is named. The children of ``generic`` and ``spawn`` are started when
 declared (so their start-up overlaps whatever the client does next) but waited for
@@ -28,11 +33,12 @@ from typing import Any
 
 from .._errors import DeclarationError, StateLost, WireError
 from .._optional import optional
+from .._registries import PLACES
 from .client import SocketLink
 from .protocol import Limits
-from .transport import Link, Place, Tenancy
+from .transport import Link, Place, SessionThere
 
-__all__ = ["Worker", "parse_address", "provides", "sharing_cores"]
+__all__ = ["SocketWorker", "Worker", "parse_address", "provides", "sharing_cores"]
 
 _LISTENING = re.compile(r"^listening on (\[[0-9A-Fa-f:.]+\]|[^\s:]+):(\d+)\s*$")
 _STARTUP = 60.0  # how long a child may take to say where it listens
@@ -77,11 +83,10 @@ def _tls(tls: Any) -> ssl.SSLContext | None:
 
 
 # Places a worker can be besides a socket. Each is filled in by a module (of a layer
-# above this one, or beside it) that subclasses Place and says so with ``provides`` as
-# it loads. Asking for a place finds its module by the name written here, the way
-# fsspec finds its implementations, so a user need not import it first.
-_PLACED_BY = {"ray": ("somatize.ray", "ray"),  # place: (its module, the extra it needs)
-              "in_process": ("somatize.wire.inprocess", "wire")}
+# above this one, or beside it) that subclasses Worker and says so with ``provides`` as
+# it loads. Asking for a place finds its module by the name the registries' table
+# gives it (``_registries.PLACES``, beside the ``places`` row), the way fsspec finds
+# its implementations, so a user need not import it first.
 _places: dict[str, Any] = {}
 
 
@@ -94,7 +99,7 @@ def _placed(name: str) -> Any:
     """What answers ``Worker.on_<name>``, loading the module that fills it if need be."""
     make = _places.get(name)
     if make is None:
-        module, extra = _PLACED_BY[name]
+        module, extra = PLACES[name]
         optional(module, extra, f"Worker.on_{name}")
         make = _places.get(name)
         if make is None:  # only a broken install has the module but not its place
@@ -104,48 +109,20 @@ def _placed(name: str) -> Any:
 
 
 class Worker(Place):
-    """A worker process reached over a socket: where a slice goes, and how to pack for
-    it. It opens nothing.
+    """A worker: where the slices of the hosts it is listed for run, and how to pack
+    for it. Declaring one opens nothing.
 
-    ``target`` is an address (``"node3:7000"``, a worker already standing) or an argv
-    (a child to start). ``mode="project"`` sends nodes by reference (the worker
-    imports their code from its own installation; identity, versions and state
-    travel); ``"network"`` sends the code as well, and ``send=["my_package"]`` makes
-    those modules travel by value. ``send`` without ``"network"`` is refused, since
-    it would silently do nothing.
-
-    ``timeout`` bounds a silence (no answer and no heartbeat), so a slice may compute
-    for hours; ``deadline`` (off by default) bounds each call in all, past which it is
-    a ``WireError`` naming the host and the nodes, and the worker serves on.
+    Every kind is a ``Worker``, whatever carries its slices: ``Worker.at``,
+    ``Worker.generic`` and ``Worker.spawn`` (or ``Worker(target, ...)`` itself) a
+    process reached over a socket, ``Worker.on_ray`` a Ray actor, ``Worker.in_process``
+    a host in this very process. A transport's place subclasses it, so that what a
+    constructor answers is the class the user named.
     """
 
-    def __init__(self, target: str | list[str], mode: str = "project", send: Sequence[str] = (),
-                 *, token: str | bytes | None = None, tls: Any = None,
-                 timeout: float | None = None, limits: Limits | None = None,
-                 deadline: float | None = None):
-        super().__init__(mode, send, timeout=timeout, deadline=deadline, limits=limits)
-        self._child: subprocess.Popen | None = None
-        self._listening: tuple[str, int] | None = None
-        self._start_lock = threading.Lock()
-        if isinstance(target, str):
-            self._target = parse_address(target)
-            self.token, self.tls = _token(token), _tls(tls)
-            self._argv = None
-        elif isinstance(target, (list, tuple)) and target and all(isinstance(a, str) for a in target):
-            self._target = None
-            self._argv = list(target)
-            self.token = _token(token) if token is not None else secrets.token_hex(32).encode()
-            self.tls = _tls(tls)
-            self._start()
-        else:
-            raise DeclarationError(
-                f"a worker is declared with an address ('node3:7000') or an argv to start, "
-                f"not {target!r}")
-        self._link = SocketLink(self)
-        self._lanes: dict[bytes, SocketLink] = {}  # a connection per session that shares
-        self._lanes_carried = {"sent": 0, "received": 0}  # by the lanes closed since
-        self._wire = (b"at " + f"{self._target[0].lower()}:{self._target[1]}".encode()
-                      if self._target else b"child " + secrets.token_hex(16).encode())
+    def __new__(cls, *args: Any, **options: Any) -> Worker:
+        # Worker(target, ...) has always meant the socket worker (and so Worker.at,
+        # generic and spawn); a subclass is its own.
+        return super().__new__(SocketWorker if cls is Worker else cls)
 
     @classmethod
     def at(cls, addr: str, mode: str = "project", send: Sequence[str] = (), *,
@@ -203,12 +180,56 @@ class Worker(Place):
 
     @classmethod
     def in_process(cls, mode: str = "network", send: Sequence[str] = (), *,
-                   deadline: float | None = None) -> Place:
+                   deadline: float | None = None) -> Worker:
         """A host in this very process, reached through a real pickle round trip of every
         message and run by the worker's own code (``wire.host``): what a test, or a
         notebook with no second machine, hands a broker where a worker would go. Its
         ``restart()`` makes it a fresh host, as a worker that restarted is."""
         return _placed("in_process")(mode, send, deadline=deadline)
+
+
+class SocketWorker(Worker):
+    """A worker process reached over a socket (``Worker.at``, ``generic``, ``spawn``).
+
+    ``target`` is an address (``"node3:7000"``, a worker already standing) or an argv
+    (a child to start). ``mode="project"`` sends nodes by reference (the worker
+    imports their code from its own installation; identity, versions and state
+    travel); ``"network"`` sends the code as well, and ``send=["my_package"]`` makes
+    those modules travel by value. ``send`` without ``"network"`` is refused, since
+    it would silently do nothing.
+
+    ``timeout`` bounds a silence (no answer and no heartbeat), so a slice may compute
+    for hours; ``deadline`` (off by default) bounds each call in all, past which it is
+    a ``WireError`` naming the host and the nodes, and the worker serves on.
+    """
+
+    def __init__(self, target: str | list[str], mode: str = "project", send: Sequence[str] = (),
+                 *, token: str | bytes | None = None, tls: Any = None,
+                 timeout: float | None = None, limits: Limits | None = None,
+                 deadline: float | None = None):
+        super().__init__(mode, send, timeout=timeout, deadline=deadline, limits=limits)
+        self._child: subprocess.Popen | None = None
+        self._listening: tuple[str, int] | None = None
+        self._start_lock = threading.Lock()
+        if isinstance(target, str):
+            self._target = parse_address(target)
+            self.token, self.tls = _token(token), _tls(tls)
+            self._argv = None
+        elif isinstance(target, (list, tuple)) and target and all(isinstance(a, str) for a in target):
+            self._target = None
+            self._argv = list(target)
+            self.token = _token(token) if token is not None else secrets.token_hex(32).encode()
+            self.tls = _tls(tls)
+            self._start()
+        else:
+            raise DeclarationError(
+                f"a worker is declared with an address ('node3:7000') or an argv to start, "
+                f"not {target!r}")
+        self._link = SocketLink(self)
+        self._lanes: dict[bytes, SocketLink] = {}  # a connection per session that shares
+        self._lanes_carried = {"sent": 0, "received": 0}  # by the lanes closed since
+        self._wire = (b"at " + f"{self._target[0].lower()}:{self._target[1]}".encode()
+                      if self._target else b"child " + secrets.token_hex(16).encode())
 
     # -- the child --------------------------------------------------------------------
     def _start(self) -> None:
@@ -281,21 +302,21 @@ class Worker(Place):
             return f"the child {self._argv!r}"
         return f"[{address[0]}]:{address[1]}" if ":" in address[0] else f"{address[0]}:{address[1]}"
 
-    def link_for(self, tenancy: Tenancy) -> Link:
+    def link_for(self, there: SessionThere) -> Link:
         """A session that shares a trainer there has a connection of its own: a worker
         answers one connection's requests in turn, and a shared trainer's slice may wait
         for another client's gradient, which must not queue behind it."""
-        if not tenancy.shares:
+        if not there.shares:
             return self._link
-        lane = self._lanes.get(tenancy.session)
+        lane = self._lanes.get(there.session)
         if lane is None:
-            lane = self._lanes.setdefault(tenancy.session, SocketLink(self))
+            lane = self._lanes.setdefault(there.session, SocketLink(self))
         return lane
 
-    def end(self, tenancy: Tenancy) -> None:
+    def end(self, there: SessionThere) -> None:
         """Ends the session there; its own connection, if it had one, goes with it."""
-        super().end(tenancy)
-        lane = self._lanes.pop(tenancy.session, None)
+        super().end(there)
+        lane = self._lanes.pop(there.session, None)
         if lane is not None:
             lane.close()
             for way, size in lane.traffic().items():
@@ -422,7 +443,7 @@ class _Spawner:
 
 
 _spawner = _Spawner()
-_children: weakref.WeakSet[Worker] = weakref.WeakSet()
+_children: weakref.WeakSet[SocketWorker] = weakref.WeakSet()
 
 
 @atexit.register

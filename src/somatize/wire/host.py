@@ -1,5 +1,11 @@
 """A host's side of a slice, whatever carried it there: a socket, or a Ray actor call.
 
+Names ending in ``Here`` are the host's side of what a client names on its side of
+the wire: ``SessionHere`` is one session as this host holds it (the client knows it
+as a ``transport.SessionThere``), ``SessionsHere`` all the sessions this host holds,
+and ``SliceFormHere`` a slice's form as this host read it (the client's
+``transport.SliceForm``).
+
 Everything here is the transport's business only through plain data: a slice arrives
 as the request header the client wrote (``n`` nodes, ``w`` wanted, ``f`` forward,
 ``v`` values, ``r`` references to what stayed here, ``x`` watching, ``t`` walked
@@ -33,9 +39,9 @@ from .catalog import build, catalog_id, pack_values, unpack_values
 from .log import say
 from .resident import Resident, Turns
 
-__all__ = ["Answer", "Holding", "Refused", "Sessions", "Sharing", "SliceForm",
-           "Tenant", "answer", "control", "provisioned", "refused_catalog", "short",
-           "slice_form"]
+__all__ = ["Answer", "Holding", "Refused", "SessionHere", "SessionsHere", "Sharing",
+           "SliceFormHere", "answer", "control", "provisioned", "refused_catalog", "short",
+           "slice_form_here"]
 
 # The engine's own bracket of a walk; the client brackets the forward itself.
 _BRACKET = frozenset(("began", "finished"))
@@ -51,7 +57,7 @@ def short(ident: str) -> str:
 class Answer(NamedTuple):
     """A reply to send: ``kind`` (``"done"`` or ``"error"``), its header and buffers;
     ``said`` is the log's line for a failure (its traceback follows it, ``text``).
-    ``settle``, when there is one, runs the work the slice's nodes left for after their
+    ``afterwards``, when there is one, runs the work the slice's nodes left for after their
     answer (``Ctx.afterwards``): the transport calls it once the reply has gone."""
 
     kind: str
@@ -59,7 +65,7 @@ class Answer(NamedTuple):
     buffers: list[Any]
     said: str | None = None
     text: str | None = None
-    settle: Callable[[], None] | None = None
+    afterwards: Callable[[], None] | None = None
 
 
 class Holding:
@@ -74,10 +80,11 @@ class Holding:
         self.held.clear()
 
 
-class Tenant:
-    """One session's hold on a host: its catalog, the graph built from it, whether its
-    owner said it keeps state here, whether a slice has run in it since, and the nodes
-    of it that share something with other sessions (``Sharing``)."""
+class SessionHere:
+    """One client session as this host holds it (its client's ``SessionThere``): its
+    catalog, the graph built from it, whether its owner said it keeps state here,
+    whether a slice has run in it since, and the nodes of it that share something with
+    other sessions (``Sharing``)."""
 
     __slots__ = ("catalog", "failed", "graph", "keeps", "left", "live", "lock", "owns",
                  "random", "shapes", "shares", "turn", "used")
@@ -95,7 +102,7 @@ class Tenant:
         # until it runs; and how that work failed, until a slice is answered with it.
         self.left: list[tuple[str | None, Callable[[], Any]]] = []
         self.failed: Answer | None = None
-        # The slices its forms make in its catalog (SliceForm.shape): kept with the
+        # The slices its forms make in its catalog (SliceFormHere.shape): kept with the
         # session, so that what it held goes when it goes, whoever's connection asked.
         self.shapes: dict[tuple, Shape] = {}
         # Whether its owner gave it a random state of its own (``Resident``), and that
@@ -183,8 +190,9 @@ class Refused(Exception):
     """A request this host turns down, and why, in words for the client."""
 
 
-class Sessions:
-    """What a host holds for each client session: a catalog apiece, side by side.
+class SessionsHere:
+    """Every client session this host holds (a ``SessionHere`` each): a catalog
+    apiece, side by side.
 
     A session is named by its owner (a Trainer, a graph run through a broker) with a
     random id, so two clients never see or replace each other's nodes, whatever bytes
@@ -198,7 +206,7 @@ class Sessions:
                  patience: float = 30.0):
         self.most, self.lease = most, lease
         self._routine = say.routine if routine is None else routine  # the everyday lines
-        self._held: collections.OrderedDict[bytes, Tenant] = collections.OrderedDict()
+        self._held: collections.OrderedDict[bytes, SessionHere] = collections.OrderedDict()
         self._gone: collections.OrderedDict[bytes, str] = collections.OrderedDict()
         self._lock = threading.Lock()
         self.resident = Resident()  # whose random state the process's generators hold
@@ -218,32 +226,32 @@ class Sessions:
         with self._lock:
             return session in self._held
 
-    def lookup(self, session: bytes) -> tuple[Tenant | None, str | None]:
-        """The session's tenant, marked as just used; else None and why it is gone
+    def lookup(self, session: bytes) -> tuple[SessionHere | None, str | None]:
+        """The session as held here, marked as just used; else None and why it is gone
         (None: never held here)."""
         with self._lock:
             now = time.monotonic()
             if now >= self._expires_next:
                 self._expire(now)
                 self._expires_next = now + self._expiry_every
-            tenant = self._held.get(session)
-            if tenant is not None:
-                tenant.used = now
+            held = self._held.get(session)
+            if held is not None:
+                held.used = now
                 self._held.move_to_end(session)
-            gone = None if tenant is not None else self._gone.get(session)
+            gone = None if held is not None else self._gone.get(session)
         if self._leaving:
             self._let_go()
-        return tenant, gone
+        return held, gone
 
     def admits(self, session: bytes, ident: str) -> None:
         """Refuses a catalog this session may not take (see the class); checked before
         the catalog is unpickled, and again when it is installed."""
         with self._lock:
-            tenant = self._held.get(session)
-            if tenant is not None and tenant.catalog != ident and tenant.keeps and tenant.live:
+            held = self._held.get(session)
+            if held is not None and held.catalog != ident and held.keeps and held.live:
                 raise Refused(
-                    f"session {session.hex()[:12]} holds catalog {short(tenant.catalog)} "
-                    f"({_held_nodes(tenant.graph)}), whose trainers have learnt here, and was "
+                    f"session {session.hex()[:12]} holds catalog {short(held.catalog)} "
+                    f"({_held_nodes(held.graph)}), whose trainers have learnt here, and was "
                     f"sent catalog {short(ident)}; a session keeps one catalog once it has "
                     "state: start a new one (a new Trainer), or resume from a checkpoint")
 
@@ -252,9 +260,9 @@ class Sessions:
         nothing, so its nodes' live state survives being provisioned twice."""
         self.admits(session, ident)
         with self._lock:
-            tenant = self._held.get(session)
-            if tenant is not None and tenant.catalog == ident:
-                tenant.keeps = tenant.keeps or keeps
+            held = self._held.get(session)
+            if held is not None and held.catalog == ident:
+                held.keeps = held.keeps or keeps
                 return
         self.sharing.sweep(time.monotonic(), self.lease)
         try:  # before it is held: a node refused there leaves everything as it was
@@ -265,46 +273,46 @@ class Sessions:
             with self._lock:
                 now = time.monotonic()
                 self._expire(now)
-                tenant = self._held.get(session)
-                if tenant is None and len(self._held) >= self.most:
+                held = self._held.get(session)
+                if held is None and len(self._held) >= self.most:
                     try:
                         self._make_room(now)
                     except Refused:
                         self._leaving.append(shares)
                         raise
-                fresh = self._held[session] = Tenant(ident, graph, keeps, shares, self.sharing)
-                if tenant is not None and tenant.owns and tenant.random is not None:
-                    fresh.owns, fresh.random = True, tenant.random  # the session's, not the catalog's
+                fresh = self._held[session] = SessionHere(ident, graph, keeps, shares, self.sharing)
+                if held is not None and held.owns and held.random is not None:
+                    fresh.owns, fresh.random = True, held.random  # the session's, not the catalog's
                 self._held.move_to_end(session)
                 self._gone.pop(session, None)
                 count = len(self._held)
-                if tenant is not None:
-                    self._leaving.append(tenant.shares)
+                if held is not None:
+                    self._leaving.append(held.shares)
         finally:
             self._let_go()
-        verb = "replaces its catalog with" if tenant is not None else "holds"
+        verb = "replaces its catalog with" if held is not None else "holds"
         self._routine("session %s %s catalog %s: %s (%d session%s held)", session.hex()[:12], verb,
                     short(ident), _held_nodes(graph), count, "" if count == 1 else "s")
 
     def end(self, session: bytes) -> bool:
         """Lets go of a session its owner closed; whether it was held."""
         with self._lock:
-            tenant = self._held.pop(session, None)
-            if tenant is not None:
-                self._forget(session, "its owner closed it", tenant)
+            held = self._held.pop(session, None)
+            if held is not None:
+                self._forget(session, "its owner closed it", held)
         self._let_go()
-        if tenant is not None:
+        if held is not None:
             self._routine("session %s closed by its owner", session.hex()[:12])
-        return tenant is not None
+        return held is not None
 
     def _expire(self, now: float) -> None:
         """Lets go of the sessions idle past the lease (under the lock)."""
-        for session, tenant in list(self._held.items()):
-            idle = now - tenant.used
-            if idle > self.lease and not tenant.lock.locked():
+        for session, held in list(self._held.items()):
+            idle = now - held.used
+            if idle > self.lease and not held.lock.locked():
                 del self._held[session]
                 self._forget(session, f"it was idle for {idle:.0f} s, past this worker's "
-                                      f"lease of {self.lease:g} s (--session-lease)", tenant)
+                                      f"lease of {self.lease:g} s (--session-lease)", held)
                 say("session %s let go: idle for %.0f s (--session-lease %g)", session.hex()[:12],
                     idle, self.lease)
 
@@ -315,22 +323,22 @@ class Sessions:
         if not idle:
             raise Refused(f"this worker holds its most sessions ({self.most}), all of them "
                           "running; try again later, or start it with a larger --max-sessions")
-        session, tenant = next(((s, t) for s, t in idle if not t.keeps), idle[0])
+        session, held = next(((s, t) for s, t in idle if not t.keeps), idle[0])
         del self._held[session]
         self._forget(session, f"this worker holds at most {self.most} sessions "
                               "(--max-sessions) and needed room for a newer one after it "
-                              f"was idle {now - tenant.used:.0f} s", tenant)
+                              f"was idle {now - held.used:.0f} s", held)
         say("session %s let go to make room (at most %d: --max-sessions)", session.hex()[:12],
             self.most)
 
-    def _forget(self, session: bytes, why: str, tenant: Tenant) -> None:
+    def _forget(self, session: bytes, why: str, held: SessionHere) -> None:
         """Remembers why a session went (under the lock), and what it shared, for
         ``_let_go``."""
         self._gone[session] = why
         while len(self._gone) > _GONE:
             self._gone.popitem(last=False)
-        if tenant.shares:
-            self._leaving.append(tenant.shares)
+        if held.shares:
+            self._leaving.append(held.shares)
 
     def _let_go(self) -> None:
         """What the sessions just forgotten shared stops being shared, and what nobody
@@ -379,10 +387,10 @@ def refused_catalog(exc: Exception) -> tuple[dict[str, Any], str]:
 _STR = frozenset((str,))  # what every name in a slice's header is
 
 
-class SliceForm:
+class SliceFormHere:
     """What a slice request says that is the same every time it is sent (the client's
-    ``transport.Form``), read and checked: its session, nodes, the outputs wanted, and
-    whether it walks its nodes back. A connection keeps the forms it was told, so a
+    ``transport.SliceForm``), read and checked: its session, nodes, the outputs wanted,
+    and whether it walks its nodes back. A connection keeps the forms it was told, so a
     request that names one is not read and checked again, and the slice it makes in a
     session's catalog is made once (``shape``)."""
 
@@ -393,38 +401,38 @@ class SliceForm:
         self.transposed = transposed
         self.key = (tuple(nodes), tuple(wanted), transposed)
 
-    def shape(self, tenant: Tenant, given: tuple[str, ...]) -> Shape:
-        """The slice this form is in ``tenant``'s catalog handed values for ``given``:
-        made once, and kept by the tenant (a session holds a few forms; one that sends
+    def shape(self, held: SessionHere, given: tuple[str, ...]) -> Shape:
+        """The slice this form is in ``held``'s catalog handed values for ``given``:
+        made once, and kept with that session (a session holds a few forms; one that sends
         ever new ones has the oldest forgotten)."""
         key = (self.key, given)
-        found = tenant.shapes.get(key)
+        found = held.shapes.get(key)
         if found is None:
-            if len(tenant.shapes) >= 64:
-                tenant.shapes.clear()
+            if len(held.shapes) >= 64:
+                held.shapes.clear()
             nodes, wanted, transposed = self.key
-            found = tenant.shapes[key] = Shape("", tenant.graph, nodes, given, wanted=wanted,
+            found = held.shapes[key] = Shape("", held.graph, nodes, given, wanted=wanted,
                                                transposed=transposed)
         return found
 
 
-def slice_form(head: Any) -> SliceForm:
+def slice_form_here(head: Any) -> SliceFormHere:
     """The form a request header says in full; anything malformed is a ProtocolError."""
     nodes, wanted, session = head.get("n"), head.get("w"), head.get("s")
     if (type(nodes) is not list or type(wanted) is not list or type(session) is not bytes
             or not _STR.issuperset(map(type, nodes + wanted))):
         raise ProtocolError("a slice frame without its session, nodes or outputs")
-    return SliceForm(session, nodes, wanted, bool(head.get("t")))
+    return SliceFormHere(session, nodes, wanted, bool(head.get("t")))
 
 
-def answer(sessions: Sessions, head: Any, buffers: list[Any], holding: Holding,
-           form: SliceForm | None = None, defers: bool = False, stays: bool = True) -> Answer:
+def answer(sessions: SessionsHere, head: Any, buffers: list[Any], holding: Holding,
+           form: SliceFormHere | None = None, defers: bool = False, stays: bool = True) -> Answer:
     """Runs the slice a request header describes, here, against the catalog of the
     session it names (``s``): ``"need"`` when this host holds no such session, with
     why it is gone (``gone``) where it once held it. ``form`` is what the header would
     say in full, where the transport read it from an earlier request.
 
-    A transport that ``defers`` promises to call the answer's ``settle`` once its reply
+    A transport that ``defers`` promises to call the answer's ``afterwards`` once its reply
     has gone: the work the slice's nodes left for afterwards (``Ctx.afterwards``) waits
     until then. Otherwise that work runs inside the slice, as the nodes ask for it.
     The slice draws from its session's random state (``Resident``); ``stays=False``
@@ -433,13 +441,13 @@ def answer(sessions: Sessions, head: Any, buffers: list[Any], holding: Holding,
     A request that is not a slice of ours raises ProtocolError (the transport drops
     whoever sent it); anything the slice itself raises is answered as an error."""
     if form is None:
-        form = slice_form(head)
+        form = slice_form_here(head)
     transposed = form.transposed
     forward = head.get("f")
     if type(forward) is not bytes:
         raise ProtocolError("a slice frame without its forward")
-    tenant, gone = sessions.lookup(form.session)
-    if tenant is None:
+    held, gone = sessions.lookup(form.session)
+    if held is None:
         return Answer("need", {"gone": gone} if gone else {}, [])
     if forward != holding.forward:  # what stayed for an earlier forward is nobody's now
         holding.forward = forward
@@ -465,25 +473,25 @@ def answer(sessions: Sessions, head: Any, buffers: list[Any], holding: Holding,
                 "forward, and it restarted or another forward began since")}, [])
         given[ref] = holding.held[ref] if transposed else Opaque(holding.held[ref])
     # its slices one at a time, what it shares one slice at a time, its own random state
-    with tenant.turn, sessions.resident.within(tenant, stays):
-        if tenant.left:  # what the last answer left, if nobody ran it yet
-            _settled(tenant)
-        if tenant.failed is not None:  # said once, in place of this slice
-            failure, tenant.failed = tenant.failed, None
+    with held.turn, sessions.resident.within(held, stays):
+        if held.left:  # what the last answer left, if nobody ran it yet
+            _run_left(held)
+        if held.failed is not None:  # said once, in place of this slice
+            failure, held.failed = held.failed, None
             return failure
-        piece = Slice(form.shape(tenant, tuple(given)), given, Opaque(values.get("i")),
+        piece = Slice(form.shape(held, tuple(given)), given, Opaque(values.get("i")),
                       bool(head.get("x")))
-        tenant.live = True
+        held.live = True
         if not defers:
             return _run(piece, holding)
         left = afterwards_held_here()
         reply = _run(piece, holding)
         if not left:
             return reply
-        tenant.left = left.copy()
+        held.left = left.copy()
         left.clear()
     return Answer(reply.kind, reply.header, reply.buffers, reply.said, reply.text,
-                  functools.partial(settle, tenant, sessions.resident))
+                  functools.partial(run_afterwards, held, sessions.resident))
 
 
 class _Both:
@@ -503,14 +511,14 @@ class _Both:
         self.first.release()
 
 
-def settle(tenant: Tenant, resident: Resident) -> None:
+def run_afterwards(held: SessionHere, resident: Resident) -> None:
     """Runs, in the session's turn, the work its last answer left (unless a slice of it
     came first and ran it): a transport calls this once that answer has gone."""
-    with tenant.turn, resident.within(tenant):
-        _settled(tenant)
+    with held.turn, resident.within(held):
+        _run_left(held)
 
 
-def control(sessions: Sessions, head: Any, buffers: list[Any], stays: bool = True) -> Answer:
+def control(sessions: SessionsHere, head: Any, buffers: list[Any], stays: bool = True) -> Answer:
     """Answers a verb for the session a request header names (``s``): ``c`` the verb,
     ``v`` its arguments as packed values. ``"need"`` (with why it is gone, where it
     was held) when this host holds no such session: a verb never opens a session, nor
@@ -525,8 +533,8 @@ def control(sessions: Sessions, head: Any, buffers: list[Any], stays: bool = Tru
         raise ProtocolError("a control frame without its session or its verb")
     if name == END:
         return Answer("done", {"v": pack_values({"a": sessions.end(session)}, [])[0]}, [])
-    tenant, gone = sessions.lookup(session)
-    if tenant is None:
+    held, gone = sessions.lookup(session)
+    if held is None:
         return Answer("need", {"gone": gone} if gone else {}, [])
     handler = VERBS.get(name)
     if handler is None and _imported(head.get("m")):
@@ -542,15 +550,15 @@ def control(sessions: Sessions, head: Any, buffers: list[Any], stays: bool = Tru
     except SomaError as exc:
         return failed(exc, [])
     seeds = name in SEEDING
-    with tenant.turn, sessions.resident.within(tenant, stays, alone=seeds):
-        if tenant.left:  # what the last slice left runs before anything reads its state
-            _settled(tenant)
+    with held.turn, sessions.resident.within(held, stays, alone=seeds):
+        if held.left:  # what the last slice left runs before anything reads its state
+            _run_left(held)
         try:
-            said = handler(tenant.graph.impls, args)
+            said = handler(held.graph.impls, args)
         except Exception as exc:  # the one boundary where a verb's failure is translated
             return failed(exc, [], f"verb {name!r} failed: {exc}")
         if seeds:  # what it set is the session's own from now on
-            sessions.resident.owned(tenant)
+            sessions.resident.owned(held)
         back: list[Any] = []
         try:
             trees, refused = pack_values({"a": said}, back)
@@ -562,15 +570,15 @@ def control(sessions: Sessions, head: Any, buffers: list[Any], stays: bool = Tru
     return Answer("done", {"v": trees}, back)
 
 
-def _settled(tenant: Tenant) -> None:
+def _run_left(held: SessionHere) -> None:
     """Runs the work left for after an answer, in order, each node's whatever another's
     did; the first failure is what the session's next slice is answered with."""
-    left, tenant.left = tenant.left, []
+    left, held.left = held.left, []
     for node, work in left:
         try:
             work()
         except BaseException as exc:  # noqa: BLE001  (a node's exit is not this host's)
-            if tenant.failed is not None:  # one said already; this one is in the log
+            if held.failed is not None:  # one said already; this one is in the log
                 say.block(f"node {node!r}: the work it left for after its answer failed "
                           f"too: {exc}", traceback_text(exc))
                 continue
@@ -583,9 +591,9 @@ def _settled(tenant: Tenant) -> None:
                 "run, since the node's state is what that work left; fix the work, or do "
                 "it in forward", node=str(node), kind=type(exc).__name__)
             error.__cause__ = exc
-            tenant.failed = failed(error, [], f"node {node!r}: the work it left for after its "
+            held.failed = failed(error, [], f"node {node!r}: the work it left for after its "
                                               f"answer failed: {exc}")
-            say.block(tenant.failed.said, tenant.failed.text)
+            say.block(held.failed.said, held.failed.text)
 
 
 def _run(piece: Slice, holding: Holding) -> Answer:

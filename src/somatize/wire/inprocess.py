@@ -2,7 +2,7 @@
 
 Every request and every answer is pickled and unpickled on its way (the in-band
 pickle a byte stream would carry, so nothing the client holds is shared with the host),
-and the host is the worker's own code: ``host.answer`` over ``host.Sessions``. So a
+and the host is the worker's own code: ``host.answer`` over ``host.SessionsHere``. So a
 test, a notebook with no second machine, or a new transport's author sees exactly what
 any host does — sessions, what stays there, refusals, tracebacks — without a process
 or a socket. ``restart()`` makes it a fresh host, as a worker that restarted is.
@@ -22,17 +22,18 @@ from typing import Any
 from .._errors import DeclarationError, ProtocolError, WireError
 from .._slices import Outcome
 from .buffers import joined, outgoing, size
-from .declare import provides
+from .declare import Worker, provides
 from .._verbs import END
-from .host import Holding, Refused, Sessions, answer, control, provisioned, refused_catalog
-from .transport import (Link, Pending, Place, Request, Tenancy, catalog_refused, outcome_of,
+from .host import Holding, Refused, SessionsHere, answer, control, provisioned, refused_catalog
+from .transport import (Link, Pending, Request, SessionThere, catalog_refused, outcome_of,
                         state_lost, verb_answered, verb_request)
 
 __all__ = ["InProcess", "InProcessLink"]
 
 
-class InProcess(Place):
-    """A host in this process, reached through a pickle round trip; see the module."""
+class InProcess(Worker):
+    """A worker whose host is in this process, reached through a pickle round trip;
+    see the module (``Worker.in_process`` answers one)."""
 
     def __init__(self, mode: str = "network", send: Any = (), *, deadline: float | None = None):
         super().__init__(mode, send, deadline=deadline)
@@ -63,19 +64,19 @@ class InProcessLink(Link):
 
     def restart(self) -> None:
         # its everyday lines would be this process's own terminal's: left out
-        self.sessions, self.holding = Sessions(routine=lambda *said: None), Holding()
+        self.sessions, self.holding = SessionsHere(routine=lambda *said: None), Holding()
         self.lanes: dict[bytes, tuple[threading.Lock, Holding]] = {}
         self.instance = uuid.uuid4().hex
 
-    def _lane(self, tenancy: Tenancy) -> tuple[threading.Lock, Holding]:
+    def _lane(self, there: SessionThere) -> tuple[threading.Lock, Holding]:
         """The lock and held outputs a session's requests run under: the host's one
         connection, or one of its own for a session whose slices wait for other
         clients' (a shared trainer), as a socket gives it a connection of its own."""
-        if not tenancy.shares:
+        if not there.shares:
             return self.lock, self.holding
-        lane = self.lanes.get(tenancy.session)
+        lane = self.lanes.get(there.session)
         if lane is None:
-            lane = self.lanes.setdefault(tenancy.session, (threading.Lock(), Holding()))
+            lane = self.lanes.setdefault(there.session, (threading.Lock(), Holding()))
         return lane
 
     def submit(self, request: Request) -> Pending:
@@ -84,56 +85,56 @@ class InProcessLink(Link):
             pending.outcome = self._run(request)
         except Exception as exc:
             pending.error = exc
-        pending.settled = True
+        pending.answered = True
         return pending
 
     def _run(self, request: Request) -> Outcome:
-        host, nodes, tenancy = request.host, request.nodes, request.tenancy
+        host, nodes, there = request.host, request.nodes, request.there
         for attempt in (0, 1):
-            self._provide(host, tenancy)
+            self._provide(host, there)
             head, buffers = _carried(request.header(), request.buffers)
             began = time.perf_counter_ns()
-            kind, head, back = self._answered(host, nodes, head, buffers, tenancy)
+            kind, head, back = self._answered(host, nodes, head, buffers, there)
             if kind == "need":
-                self._needed(host, tenancy, head, attempt)
+                self._needed(host, there, head, attempt)
                 continue
-            tenancy.live = True
+            there.live = True
             return outcome_of(host, nodes, kind, head, back, sent=size(request.buffers),
                               size=size(back), took_us=(time.perf_counter_ns() - began) // 1000,
                               watching=request.watching)
         raise AssertionError("unreachable")
 
-    def control(self, tenancy: Tenancy, verb: str, args: Any = None, *, host: str = "") -> Any:
+    def control(self, there: SessionThere, verb: str, args: Any = None, *, host: str = "") -> Any:
         """Asks the host a verb for the session (``Link.control``), through the same
         pickle round trip and the same host code as a slice."""
         if verb == END:
-            return self.end(tenancy)
+            return self.end(there)
         for attempt in (0, 1):
-            self._provide(host, tenancy)
-            head, buffers = _carried(*verb_request(tenancy, verb, args))
-            kind, head, back = self._answered(host, [verb], head, buffers, tenancy, verb=True)
+            self._provide(host, there)
+            head, buffers = _carried(*verb_request(there, verb, args))
+            kind, head, back = self._answered(host, [verb], head, buffers, there, verb=True)
             if kind == "need":
-                self._needed(host, tenancy, head, attempt)
+                self._needed(host, there, head, attempt)
                 continue
             return verb_answered(host, verb, kind, head, back)
         raise AssertionError("unreachable")
 
-    def _needed(self, host: str, tenancy: Tenancy, head: dict, attempt: int) -> None:
+    def _needed(self, host: str, there: SessionThere, head: dict, attempt: int) -> None:
         """The host holds the session no more: said where it learnt there, and given
         its catalog again (once) where it did not."""
-        tenancy.declared = None
-        if tenancy.learnt:
-            raise state_lost(host, self.place.where(host), tenancy,
+        there.declared = None
+        if there.learnt:
+            raise state_lost(host, self.place.where(host), there,
                              head.get("gone") or "the host was started afresh")
         if attempt:
             raise WireError(f"host {host!r}: the host keeps letting go of this session",
                             host=host)
 
     def _answered(self, host: str, nodes: list[str], head: dict, buffers: list,
-                  tenancy: Tenancy, verb: bool = False) -> tuple:
+                  there: SessionThere, verb: bool = False) -> tuple:
         """The host's answer as it would arrive: kind, header and buffers, carried back.
         The process's own random state is put back after it: the client draws from it."""
-        lock, holding = self._lane(tenancy)
+        lock, holding = self._lane(there)
 
         def serve() -> tuple:
             with lock:
@@ -159,19 +160,19 @@ class InProcessLink(Link):
                             f"answer within its deadline of {deadline:g} s; it goes on "
                             "computing, and the calls after it wait for it", host=host) from None
 
-    def _provide(self, host: str, tenancy: Tenancy) -> None:
+    def _provide(self, host: str, there: SessionThere) -> None:
         """Gives the host the session's catalog, unless it holds it already."""
-        if tenancy.declared_in(self.instance):
+        if there.declared_in(self.instance):
             return
-        where, staged = self.place.where(host), tenancy.staged
-        if tenancy.lost_in(self.instance):
-            raise state_lost(host, where, tenancy, "the host was started afresh")
+        where, staged = self.place.where(host), there.staged
+        if there.lost_in(self.instance):
+            raise state_lost(host, where, there, "the host was started afresh")
         sessions = self.sessions
         try:
-            sessions.admits(tenancy.session, staged.ident)
-            held, gone = sessions.lookup(tenancy.session)
-            if held is None and tenancy.learnt:
-                raise state_lost(host, where, tenancy, gone or "the host holds it no more")
+            sessions.admits(there.session, staged.ident)
+            held, gone = sessions.lookup(there.session)
+            if held is None and there.learnt:
+                raise state_lost(host, where, there, gone or "the host holds it no more")
             if held is None or held.catalog != staged.ident:
                 try:  # the nodes are unpickled there, from the catalog's bytes
                     graph = provisioned(staged.ident, staged.kind, staged.runtime, [staged.blob])
@@ -179,16 +180,16 @@ class InProcessLink(Link):
                     raise
                 except Exception as exc:  # what a worker answers a catalog it cannot load
                     raise catalog_refused(host, where, refused_catalog(exc)[0]) from None
-                sessions.install(tenancy.session, staged.ident, graph, tenancy.keeps)
+                sessions.install(there.session, staged.ident, graph, there.keeps)
         except Refused as exc:
             raise DeclarationError(f"host {host!r} ({where}) refused the catalog: {exc}") from None
-        tenancy.declared, tenancy.instance = staged.ident, self.instance
+        there.declared, there.instance = staged.ident, self.instance
 
-    def end(self, tenancy: Tenancy) -> None:
-        self.lanes.pop(tenancy.session, None)
-        if tenancy.declared is not None and tenancy.instance == self.instance:
-            tenancy.declared = None
-            self.sessions.end(tenancy.session)
+    def end(self, there: SessionThere) -> None:
+        self.lanes.pop(there.session, None)
+        if there.declared is not None and there.instance == self.instance:
+            there.declared = None
+            self.sessions.end(there.session)
 
     def close(self) -> None:
         if self._pool is not None:

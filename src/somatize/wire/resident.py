@@ -47,26 +47,26 @@ class Resident:
         self._holder = threading.local()  # what this thread holds, for a wait
 
     @contextlib.contextmanager
-    def within(self, tenant: Any, stays: bool = True, alone: bool = False) -> Any:
-        """The process's generators hold ``tenant``'s state (or the process's own, for
+    def within(self, session: Any, stays: bool = True, alone: bool = False) -> Any:
+        """The process's generators hold ``session``'s state (or the process's own, for
         a session that owns none) while this runs; ``alone`` runs it alone even so (a
         seeding verb, whose state becomes the session's, starting from the process's
         own)."""
         if not RANDOM:  # nothing that draws is loaded here: nothing to swap
             yield
             return
-        self._take(tenant, alone or tenant.owns)
+        self._take(session, alone or session.owns)
         try:
             yield
         finally:
             self._give(stays)
 
-    def owned(self, tenant: Any) -> None:
-        """``tenant`` owns the state it runs within from now on: a seeding verb ran in
+    def owned(self, session: Any) -> None:
+        """``session`` owns the state it runs within from now on: a seeding verb ran in
         it, alone (``within(..., alone=True)``), so that state is the one in."""
-        tenant.owns = True
+        session.owns = True
 
-    def _take(self, tenant: Any, alone: bool) -> None:
+    def _take(self, session: Any, alone: bool) -> None:
         with self._turns:
             if alone:
                 self._queued += 1
@@ -74,18 +74,18 @@ class Resident:
                     self._turns.wait()
                 self._queued -= 1
                 self._alone = True
-                self._enter(tenant)
+                self._enter(session)
             else:
                 while self._alone or self._queued:
                     self._turns.wait()
                 if self.who is not None:  # nobody draws now: the owned state goes out
                     self._home()
                 self._drawing += 1
-            self._holder.held = (tenant, alone)
+            self._holder.held = (session, alone)
 
     def _give(self, stays: bool = True) -> None:
         with self._turns:
-            tenant, alone = self._holder.held
+            session, alone = self._holder.held
             self._holder.held = None
             if alone:
                 if not stays:
@@ -110,9 +110,9 @@ class Resident:
         if held is not None:
             self._take(*held)
 
-    def _enter(self, tenant: Any) -> None:
-        """Puts ``tenant``'s owned state in, keeping whoever's was there."""
-        if self.who is tenant:
+    def _enter(self, session: Any) -> None:
+        """Puts ``session``'s owned state in, keeping whoever's was there."""
+        if self.who is session:
             return
         take, put = RANDOM[0]
         now = take()
@@ -120,12 +120,12 @@ class Resident:
             self.own = now
         else:
             self.who.random = now
-        if tenant.random is not None:
-            put(tenant.random)
+        if session.random is not None:
+            put(session.random)
         elif self.who is not None:  # a state of its own starts as the process's own
             put(self.own)
-        tenant.random = None
-        self.who = tenant
+        session.random = None
+        self.who = session
 
     def _home(self) -> None:
         """Puts the process's own state back in."""

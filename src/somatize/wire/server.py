@@ -2,7 +2,7 @@
 run with the core's walk.
 
 A worker is dumb on purpose. Each connection (``connection.py``) authenticates, then
-runs slices against the catalog of the session each names (``host.Sessions``: sessions
+runs slices against the catalog of the session each names (``host.SessionsHere``: sessions
 sit side by side and never see each other's nodes). A connection that sends something
 that is not a frame of ours is dropped; the others go on.
 
@@ -30,7 +30,7 @@ except ImportError:  # Windows: no descriptor limit to read
     resource = None
 
 from .connection import Connection
-from .host import Sessions
+from .host import SessionsHere
 from .log import Often, say
 from .protocol import VERSION, Limits, derive_key, new_salt, refusal
 
@@ -90,7 +90,7 @@ class Server:
             raise ValueError(f"a worker holds at least one session, for a lease above 0 s, "
                              f"not {max_sessions} for {session_lease} s")
         # a catalog per client session
-        self.sessions = Sessions(max_sessions, session_lease, patience=shared_patience)
+        self.sessions = SessionsHere(max_sessions, session_lease, patience=shared_patience)
         self._connections: set[Connection] = set()  # every one held, authenticated or not
         self._waiting: dict[Connection, None] = {}  # the unauthenticated, oldest first
         self._lock = threading.Lock()

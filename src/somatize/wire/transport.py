@@ -5,7 +5,7 @@ A transport is a ``Place`` (how a host is declared: how its nodes are packed, wh
 is, what its link is) and a ``Link`` (the client's end: ``submit`` a ``Request`` and get
 a ``Pending`` whose ``result()`` is the ``Outcome``). Everything the transports share is
 here once: the request and its header, the catalog a session stages, what the client
-knows of each session it holds somewhere (``Tenancy``), reading an answer into an
+knows of each session it holds somewhere (``SessionThere``), reading an answer into an
 Outcome or the error it stands for, and ``StateLost``'s words. The host's side is
 ``host.answer``, which every transport's host calls. The socket (``client``,
 ``connection``), Ray (``somatize.ray``) and this process (``inprocess``) are one link
@@ -28,10 +28,9 @@ from .._verbs import VERBS
 from .catalog import MODES, pack_nodes, pack_values, unpack_values
 from .protocol import Limits
 
-__all__ = ["FORMS", "Form", "Link", "Pending", "Place", "RemoteTraceback", "Request", "Staged",
-           "Tenancy",
-           "catalog_refused", "checked_deadline", "checked_mode", "checked_timeout",
-           "outcome_of", "state_lost", "verb_answered", "verb_request"]
+__all__ = ["FORMS", "Link", "Pending", "Place", "RemoteTraceback", "Request", "SessionThere",
+           "SliceForm", "Staged", "catalog_refused", "checked_deadline", "checked_mode",
+           "checked_timeout", "outcome_of", "state_lost", "verb_answered", "verb_request"]
 
 
 # -- what a client sends ------------------------------------------------------------------
@@ -49,8 +48,10 @@ class Staged:
 
 
 @dataclass(eq=False)
-class Tenancy:
-    """One client session on one host, as this client knows it: its id, whether its
+class SessionThere:
+    """One client session on one host, as this client knows it: a ``broker.Session``
+    is one per owner, across its hosts, and holds one of these for each; the host
+    holds the same session as a ``host.SessionHere``. Its id, whether its
     owner keeps state there (a Trainer's trainers) and shares it with other clients
     (a shared trainer, whose slices wait there for theirs), the catalog staged for it, and
     what the host was last known to hold for it (which catalog, in which process, and
@@ -87,16 +88,16 @@ FORMS = 1024
 
 
 @dataclass(eq=False)  # one per session and shape: two alike are still two forms
-class Form:
+class SliceForm:
     """What a slice's request says that is the same every time its shape is sent:
     which session, host and nodes, what is wanted back, whether it walks its nodes
     back. Made once per session and shape; a link may say it to its host once per
     connection and name it after that (``header``), noting in ``said`` which of its
     connections that was and the number the form goes by there. ``named`` are its
     nodes as the user knows them (a trainer's made positions are its node): what a
-    message about the slice says."""
+    message about the slice says. A host reads it into a ``host.SliceFormHere``."""
 
-    tenancy: Tenancy
+    there: SessionThere
     host: str
     nodes: list[str]
     wanted: list[str]
@@ -109,7 +110,7 @@ class Form:
 
     def header(self) -> dict[str, Any]:
         """These fields as a request header says them; what is off is left out."""
-        header: dict[str, Any] = {"n": self.nodes, "w": self.wanted, "s": self.tenancy.session}
+        header: dict[str, Any] = {"n": self.nodes, "w": self.wanted, "s": self.there.session}
         if self.transposed:
             header["t"] = True
         return header
@@ -117,12 +118,12 @@ class Form:
 
 @dataclass(slots=True)
 class Request:
-    """One slice to send, whichever transport carries it: its ``Form`` (session, host,
+    """One slice to send, whichever transport carries it: its ``SliceForm`` (session, host,
     nodes, what is wanted back, whether it walks back), the values' trees and buffers,
     what stayed there that it reads (``refs``), whether it is watched, and which
     forward it is part of."""
 
-    form: Form
+    form: SliceForm
     tree: Any
     buffers: list[Any]
     refs: list[str]
@@ -130,8 +131,8 @@ class Request:
     forward: str | None
 
     @property
-    def tenancy(self) -> Tenancy:
-        return self.form.tenancy
+    def there(self) -> SessionThere:
+        return self.form.there
 
     @property
     def host(self) -> str:
@@ -160,27 +161,27 @@ class Request:
 class Pending:
     """A slice handed to a link and not read back yet: ``result()`` answers its Outcome,
     or raises what went wrong, naming the host and (``nodes``, as the user knows them)
-    the slice. A link settles it by setting ``outcome`` or ``error`` and ``settled``;
-    ``settle`` is how it reads one it has not."""
+    the slice. A link answers it by setting ``outcome`` or ``error`` and ``answered``;
+    ``Link.read_reply`` is how it reads the answer of one it has not."""
 
-    __slots__ = ("error", "host", "link", "nodes", "outcome", "sent", "settled", "tenancy",
+    __slots__ = ("error", "host", "link", "nodes", "outcome", "sent", "answered", "there",
                  "took_sent", "watching")
 
     def __init__(self, link: Link, request: Request):
         form = request.form
-        self.link, self.host, self.nodes, self.tenancy = link, form.host, form.named, form.tenancy
+        self.link, self.host, self.nodes, self.there = link, form.host, form.named, form.there
         self.watching = request.watching
-        self.settled = False
+        self.answered = False
         self.outcome: Outcome | None = None
         self.error: BaseException | None = None
         self.sent = self.took_sent = 0
 
     def done(self) -> bool:
-        return self.settled
+        return self.answered
 
     def result(self) -> Outcome:
-        if not self.settled:
-            self.link.settle(self)
+        if not self.answered:
+            self.link.read_reply(self)
         if self.error is not None:
             raise self.error
         return self.outcome
@@ -207,14 +208,14 @@ class Link:
     def submit(self, request: Request) -> Pending:
         raise NotImplementedError(f"{type(self).__qualname__} does not say how it sends a slice")
 
-    def settle(self, pending: Pending) -> None:
+    def read_reply(self, pending: Pending) -> None:
         """Reads the answer of a pending slice (a link that answers at once never needs to)."""
         raise NotImplementedError(f"{type(self).__qualname__} left a slice unanswered")
 
     def run(self, request: Request) -> Outcome:
         return self.submit(request).result()
 
-    def control(self, tenancy: Tenancy, verb: str, args: Any = None, *, host: str = "") -> Any:
+    def control(self, there: SessionThere, verb: str, args: Any = None, *, host: str = "") -> Any:
         """Asks the host a verb for a session (``_verbs``: a trainer's weights or state,
         the session's random state, ...) and answers what its handler answered, or
         raises what it raised, naming the host. The host's answer to a session it does
@@ -223,7 +224,7 @@ class Link:
         ``host`` names the host in what is said."""
         raise NotImplementedError(f"{type(self).__qualname__} does not say how it asks a verb")
 
-    def end(self, tenancy: Tenancy) -> None:
+    def end(self, there: SessionThere) -> None:
         return None
 
     def close(self) -> None:
@@ -255,20 +256,20 @@ class Place:
         """The client's end of this place's transport, which every slice for it uses."""
         return self._link
 
-    def link_for(self, tenancy: Tenancy) -> Link:
+    def link_for(self, there: SessionThere) -> Link:
         """The link a session's slices go over: the place's own, unless the transport
         must carry a session whose slices wait there for other clients' (``shares``)
         apart from the rest, lest another session's request queue behind one that is
         waiting for it."""
         return self._link
 
-    def end(self, tenancy: Tenancy) -> None:
+    def end(self, there: SessionThere) -> None:
         """Tells the host the session's owner is done with it (see ``Link.end``)."""
-        self.link_for(tenancy).end(tenancy)
+        self.link_for(there).end(there)
 
-    def control(self, tenancy: Tenancy, verb: str, args: Any = None, *, host: str = "") -> Any:
+    def control(self, there: SessionThere, verb: str, args: Any = None, *, host: str = "") -> Any:
         """Asks the host a verb for a session (see ``Link.control``)."""
-        return self.link_for(tenancy).control(tenancy, verb, args, host=host)
+        return self.link_for(there).control(there, verb, args, host=host)
 
     def traffic(self) -> dict[str, int] | None:
         """What every link of this place carried over its life (``Link.traffic``), or
@@ -433,14 +434,14 @@ def refusal(host: str, nodes: list[str], head: dict[str, Any], facts: list[dict]
     return exc
 
 
-def verb_request(tenancy: Tenancy, verb: str, args: Any) -> tuple[dict[str, Any], list[Any]]:
+def verb_request(there: SessionThere, verb: str, args: Any) -> tuple[dict[str, Any], list[Any]]:
     """A verb's request header and buffers: the session, the verb, its arguments packed
     as a slice's values are."""
     buffers: list[Any] = []
     trees, refused = pack_values({"a": args}, buffers)
     if refused:
         raise UnwritableError(f"the arguments of verb {verb!r} cannot travel: {refused['a']}")
-    head = {"s": tenancy.session, "c": verb, "v": trees}
+    head = {"s": there.session, "c": verb, "v": trees}
     # Where the verb's handler is registered here, so that a host whose catalog never
     # imported it (a worker that has only run plain nodes) can import it there.
     module = getattr(VERBS.get(verb), "__module__", None)
@@ -497,9 +498,9 @@ def catalog_refused(host: str, where: str, head: dict[str, Any]) -> Exception:
     return refused
 
 
-def state_lost(host: str, where: str, tenancy: Tenancy, why: str) -> StateLost:
+def state_lost(host: str, where: str, there: SessionThere, why: str) -> StateLost:
     """The error for a session whose state on a host is gone, naming what was there."""
-    nodes = tenancy.staged.nodes if tenancy.staged is not None else ()
+    nodes = there.staged.nodes if there.staged is not None else ()
     held = ", ".join(map(repr, nodes)) or "its nodes"
     return StateLost(
         f"host {host!r} ({where}) no longer holds what {held} learnt there: {why}. Their "
