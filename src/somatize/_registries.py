@@ -62,7 +62,7 @@ REGISTRIES: tuple[Registry, ...] = (
     Registry("core sharing", "hooks told the threads left when a worker child starts",
              "somatize.wire.declare", "_sharing", "sharing_cores", ("somatize.torch",)),
     Registry("shared trainers", "what starts a trainer several clients share",
-             "somatize.torch._learning", "_STARTS", "shared_by", ("somatize.torch",)),
+             "somatize.torch._seat", "_STARTS", "shared_by", ("somatize.torch",)),
 )
 
 #: Where each place a worker can be besides a socket is filled in, and the extra it

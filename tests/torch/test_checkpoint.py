@@ -192,7 +192,7 @@ def test_a_learning_keeps_and_restores_its_own_state(tmp_path):
     sgd = Split(torch.optim.SGD, lr=0.1).of(body)
     with pytest.raises(DeclarationError, match="as a Adam.*is a SGD"):
         restore_learning(sgd, state)
-    assert sgd.built is None and sgd.standing == (0, 0)  # refused: nothing taken, nothing built
+    assert sgd.seat.built is None and sgd.seat.standing == (0, 0)  # refused: nothing taken, nothing built
 
 
 class Failing(DirectoryBackend):

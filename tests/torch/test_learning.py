@@ -1,6 +1,9 @@
 """The Learning hole on its own: envelopes, groups, pickling, the two positions."""
 
+import ast
+import inspect
 import pickle
+import textwrap
 
 import pytest
 import torch
@@ -44,8 +47,8 @@ def test_a_learning_survives_pickle_and_builds_its_optimizer_where_it_lands():
     enters, itself = split.beside()
     assert itself is split and isinstance(enters, Enters) and enters.learning is split
     copied_node, copied = pickle.loads(pickle.dumps((node, split)))
-    assert copied._built is None  # never built before it travelled
-    assert copied._node is copied_node  # one pickle keeps who trains whom
+    assert copied.seat.built is None  # never built before it travelled
+    assert copied.seat.node is copied_node  # one pickle keeps who trains whom
     built = copied.optimizer
     assert built is copied.optimizer and isinstance(built, torch.optim.SGD)
     assert built.param_groups[0]["lr"] == 0.5
@@ -54,8 +57,8 @@ def test_a_learning_survives_pickle_and_builds_its_optimizer_where_it_lands():
 
 
 def test_a_technique_that_names_its_own_group_wins():
-    assert Split(torch.optim.SGD, lr=0.1, every=5).accumulating(2)._every == 5
-    assert Split(torch.optim.SGD, lr=0.1).accumulating(2)._every == 2
+    assert Split(torch.optim.SGD, lr=0.1, every=5).accumulating(2).seat.every == 5
+    assert Split(torch.optim.SGD, lr=0.1).accumulating(2).seat.every == 2
     with pytest.raises(ValueError):
         Split(torch.optim.SGD, every=0)
     with pytest.raises(TypeError):
@@ -107,3 +110,62 @@ def test_learn_is_the_hole():
 
     with pytest.raises(NotImplementedError, match="does not say how it learns"):
         Nothing(torch.optim.SGD).of(Lin()).learn(None, Ctx())
+
+
+# -- the class a technique subclasses stays small --------------------------------------
+MOST_PUBLIC = 15  # what a technique's author sees on the class it subclasses (issue 44)
+
+
+def test_the_class_a_technique_subclasses_has_at_most_fifteen_public_names():
+    public = sorted(n for n in dir(Learning) if not n.startswith("_"))
+    assert len(public) <= MOST_PUBLIC, (len(public), public)
+    # what the reference page documents for a technique's author is all still there
+    for name in ("learn", "training", "optimizer", "opens", "closes", "waiting", "done",
+                 "held", "given", "of", "beside", "accumulating", "entering", "forward"):
+        assert name in public, name
+
+
+def _techniques():
+    """Learning and every technique somatize itself ships that subclasses it."""
+    found, todo = [], [Learning]
+    while todo:
+        cls = todo.pop()
+        if cls.__module__.startswith("somatize."):
+            found.append(cls)
+        todo += cls.__subclasses__()
+    return found
+
+
+def _underscore_reads(source, inherited=()):
+    """Each ``x._name`` in ``source`` where ``x`` is not ``self`` (or ``cls``): another
+    object's own (dunders aside); and each ``self._name`` among ``inherited``, the
+    class's it subclasses, which are the library's and not the technique's."""
+    def private(node):
+        return (isinstance(node, ast.Attribute) and node.attr.startswith("_")
+                and not (node.attr.startswith("__") and node.attr.endswith("__")))
+
+    def own(node):
+        return isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")
+    return [f"{ast.unparse(node)} (line {node.lineno})" for node in ast.walk(ast.parse(source))
+            if private(node) and (not own(node) or node.attr in inherited)]
+
+
+def test_no_technique_reads_another_objects_underscores():
+    """A technique reaches the library through public methods (its seat's, here)."""
+    techniques = _techniques()
+    assert Split in techniques
+    reads = [f"{cls.__qualname__}: {read}" for cls in techniques
+             for read in _underscore_reads(textwrap.dedent(inspect.getsource(cls)),
+                                           () if cls is Learning else vars(Learning))]
+    assert not reads, reads
+
+
+def test_the_underscore_check_sees_a_read_of_another_objects_underscore():
+    """The control: the check flags the reads Split made before it had a seat (the
+    base class's ``_audit`` and ``_group``), another object's, and not its own."""
+    source = ("def learn(self, signal, ctx):\n"
+              "    if self._audit is None and self._group is None:\n"
+              "        self._step()\n"
+              "    return self.seat._given\n")
+    assert sorted(_underscore_reads(source, {"_audit": None, "_group": None})) == [
+        "self._audit (line 2)", "self._group (line 2)", "self.seat._given (line 4)"]

@@ -134,8 +134,8 @@ def test_a_cut_only_compresses_what_only_the_trainer_takes():
 def test_compress_names_what_it_takes():
     with pytest.raises(TypeError, match=r"compress=.*'bf16' or 'fp16'.*'int8'"):
         Split(torch.optim.SGD, lr=0.1, compress="int8")
-    assert Split(torch.optim.SGD, lr=0.1).compress is None
-    assert Split(torch.optim.SGD, lr=0.1, compress=torch.float16).compress is torch.float16
+    assert Split(torch.optim.SGD, lr=0.1).seat.compress is None
+    assert Split(torch.optim.SGD, lr=0.1, compress=torch.float16).seat.compress is torch.float16
 
 
 def test_fp16_says_so_when_what_crosses_is_beyond_its_range_and_bf16_carries_it(worker):

@@ -10,6 +10,8 @@ from splitnets import Broken, Forges, Lin
 
 from somatize import Broker, DeclarationError, Graph, NodeError, StateLost, Worker
 from somatize.torch import NoGradient, Split, Trainer, architecture, parameters
+from somatize.torch._one_piece import InOnePiece
+from somatize.torch._staged import StagedDriver
 
 mse = torch.nn.functional.mse_loss
 
@@ -89,7 +91,7 @@ def test_driven_in_stages_only_when_something_is_trained_where_it_runs(worker):
     g.freeze("encoder")  # nothing could reach it back through a slice nobody trains
     plain = Trainer(g, objective=mse, broker=broker,
                     optimizer=torch.optim.SGD(parameters(g, without=["far", "encoder"]), lr=0.1))
-    assert plain._staged is None  # a slice elsewhere, trained by nobody: one plain step
+    assert isinstance(plain._driver, InOnePiece)  # a slice elsewhere, trained by nobody: one plain step
     head = [p.detach().clone() for p in g.implementation("head").parameters()]
     for b in batches(3):
         plain.step(b)
@@ -98,7 +100,7 @@ def test_driven_in_stages_only_when_something_is_trained_where_it_runs(worker):
     trained = Trainer(cut, objective=mse, broker=broker,
                       trains={"body": Split(torch.optim.SGD, lr=0.1)},
                       optimizer=torch.optim.SGD(parameters(cut, without=["body"]), lr=0.1))
-    assert trained._staged is not None
+    assert isinstance(trained._driver, StagedDriver)
 
 
 def test_workers_is_the_pages_spelling_of_a_broker(worker):

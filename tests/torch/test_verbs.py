@@ -117,9 +117,11 @@ def test_the_handlers_are_the_features_and_the_trainer_imports_none_of_them():
     imports = _imports()
     # the core only, and the walk through a value's tensors, which is no feature and
     # imports nothing of this package itself
-    assert imports["_learning"] <= {"_tensors"}, imports["_learning"]
+    assert imports["_learning"] <= {"_tensors", "_envelope", "_seat"}, imports["_learning"]
+    assert imports["_seat"] <= {"_tensors", "_envelope"}, imports["_seat"]
+    assert imports["_envelope"] <= {"_tensors"}, imports["_envelope"]
     assert imports["_tensors"] == set(), imports["_tensors"]
-    assert "_learning" not in imports["_weights"] | imports["_checkpoint"]
+    assert not {"_learning", "_seat"} & (imports["_weights"] | imports["_checkpoint"])
     assert _circle(imports) is None, _circle(imports)
 
 

@@ -41,7 +41,7 @@ from ._evaluate import evaluate
 from ._federated import gather
 from ._fedprox import fedprox
 from ._learning import Learning, Split, envelope, gradient
-from ._learning import shared_by as _shared_by
+from ._seat import shared_by as _shared_by
 from ._module import module
 from ._privacy import Protection, run_norm_leak
 from ._predicting import VERBS as _PREDICTING_VERBS

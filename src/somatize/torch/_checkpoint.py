@@ -41,7 +41,6 @@ from .._codec import dumps, loads
 from .._errors import DeclarationError, StateLost, StoreError, whole_number
 from .._graph import Graph
 from .._remember import open_store
-from .._slices import runner_of
 from ..store._store import check_name
 from ._random import HERE, check_random, random_state, seeded, set_random
 from ._weights import checked_node, checked_weights, copy_weights, trainer_at, weights_of
@@ -56,8 +55,8 @@ FORMAT = "somatize.checkpoint/1"
 
 @dataclass
 class Run:
-    """What a Trainer hands over to be kept, or taken up: its graph, its optimizer, the
-    driver of its trained nodes (or None), its counters, and its broker."""
+    """What a Trainer hands over to be kept, or taken up: its graph, its optimizer, its
+    driver (``_one_piece``; it knows the trained nodes), its counters, and its broker."""
 
     graph: Graph
     optimizer: Any
@@ -149,34 +148,36 @@ def set_grads(node: Any, grads: Mapping[str, Any]) -> None:
 # -- a trainer's part, where it runs -----------------------------------------------------
 def learning_state(learning: Any) -> dict[str, Any]:
     """A trainer's own state, to be kept: its optimizer's (None until built), and where
-    its group stands. Not its node's weights, which are the node's."""
-    built = learning.built
-    taken, piece = learning.standing
-    return {"type": type(learning).__qualname__, "every": learning.steps_per_update(),
+    its group stands. Not its node's weights, which are the node's. Both are its seat's
+    (``_seat.Seat``); the technique names the state."""
+    seat = learning.seat
+    built = seat.built
+    taken, piece = seat.standing
+    return {"type": type(learning).__qualname__, "every": seat.steps_per_update(),
             "taken": taken, "piece": piece, "optimizer": optimizer_state(built),
-            "layout": layout(built, weight_names(learning.node)) if built is not None else []}
+            "layout": layout(built, weight_names(seat.node)) if built is not None else []}
 
 
 def check_learning(learning: Any, state: Any) -> None:
     """Refuses a state ``learning_state`` answered for another technique, another
     layout of optimizer, or a group further along than this trainer ever gets; builds
     nothing to check it."""
-    name = type(learning).__qualname__
+    name, seat = type(learning).__qualname__, learning.seat
     if not isinstance(state, Mapping) or "taken" not in state:
         raise TypeError(f"a {name} restores what learning_state() answered, "
                         f"not a {type(state).__qualname__}")
     if state["type"] != name:
         raise DeclarationError(f"the state given was a {state['type']}'s and this is a "
                                f"{name}; train the node the same way")
-    every = learning.steps_per_update()
+    every = seat.steps_per_update()
     if state["taken"] >= every:
         raise DeclarationError(
             f"the state given is {state['taken']} steps into a group and this {name} makes "
             f"one update every {every}; restore it with the every= it was kept with")
     if state["optimizer"] is not None:
-        built = learning.built or learning.fresh_optimizer()
+        built = seat.built or seat.fresh_optimizer()
         check_optimizer(built, state["optimizer"], state["layout"],
-                        layout(built, weight_names(learning.node)), f"the {name}'s")
+                        layout(built, weight_names(seat.node)), f"the {name}'s")
 
 
 def restore_learning(learning: Any, state: Any, standing_only: bool = False) -> None:
@@ -184,26 +185,27 @@ def restore_learning(learning: Any, state: Any, standing_only: bool = False) -> 
     changes if it is refused. ``standing_only`` leaves its optimizer as it is (a shared
     one other clients train), taking only where its group stands."""
     check_learning(learning, state)
+    seat = learning.seat
     if standing_only:
-        learning.stand(state["taken"], state["piece"])
+        seat.stand(state["taken"], state["piece"])
     elif state["optimizer"] is None:  # built afresh at first use, as it was then
-        learning.stand(state["taken"], state["piece"], rebuilt=True)
+        seat.stand(state["taken"], state["piece"], rebuilt=True)
     else:
-        load_optimizer(learning.optimizer, state["optimizer"])
-        learning.stand(state["taken"], state["piece"])
+        load_optimizer(seat.optimizer, state["optimizer"])
+        seat.stand(state["taken"], state["piece"])
 
 
 def state_verb(nodes: Mapping[str, Any], asked: Mapping[str, Any]) -> dict[str, Any]:
     """``state``: a trained node's weights, the gradients of a group still open, and
     its trainer's own state; a shared trainer's open group is this session's own."""
     learning = trainer_at(nodes, asked["node"])
-    with learning.answering():
-        node = learning.node
-        taken, _ = learning.standing
+    seat = learning.seat
+    with seat.answering():
+        node = seat.node
+        taken, _ = seat.standing
         return {"weights": {k: copied(v) for k, v in weights_of(node).items()},
                 "grads": grads_of(node) if taken else {}, "learning": learning_state(learning),
-                "sharing": learning.group.members_but(learning.label)
-                if learning.group is not None else []}
+                "sharing": seat.group.members_but(seat.label) if seat.group is not None else []}
 
 
 def restore_verb(nodes: Mapping[str, Any], asked: Mapping[str, Any]) -> dict[str, Any]:
@@ -214,9 +216,10 @@ def restore_verb(nodes: Mapping[str, Any], asked: Mapping[str, Any]) -> dict[str
     belongs to them too: its node and optimizer are left as they are, and only what is
     this session's own (its open group, where it stands) is taken."""
     learning = trainer_at(nodes, asked["node"])
-    with learning.answering():
-        node = learning.node
-        others = learning.group.members_but(learning.label) if learning.group is not None else []
+    seat = learning.seat
+    with seat.answering():
+        node = seat.node
+        others = seat.group.members_but(seat.label) if seat.group is not None else []
         plan = checked_node(node, asked["node"], asked["weights"])
         check_learning(learning, asked["learning"])
         if not asked["check"]:
@@ -239,26 +242,10 @@ def seed_all(run: Run, seed: int) -> None:
     seeded(seed)
 
 
-def _session(run: Run) -> Any:
-    """What says the verbs of ``run``'s session on its hosts: the driver of its trained
-    nodes, or else the session its graph runs in on its broker."""
-    if run.driver is not None:
-        return run.driver
-    runner = runner_of(run.broker)
-    data = run.graph.data()
-    opens = getattr(runner, "session_of", None)
-    session = opens(data) if callable(opens) else runner
-    if not callable(getattr(session, "control", None)):
-        raise DeclarationError(f"{type(runner).__qualname__} reaches the graph's hosts and "
-                               "says no verb to them, so their random state cannot be kept "
-                               "or set; train through a Broker or workers=")
-    session.prepare(data)
-    return session
-
-
 def _asked(run: Run, host: str, verb: str, args: Any) -> Any:
-    """What the verb answers in ``run``'s session on ``host``."""
-    return _session(run).control(host, verb, args)
+    """What the verb answers in ``run``'s session on ``host``: its driver's, or the
+    session its graph runs in where nothing is trained there."""
+    return run.driver.control(host, verb, args)
 
 
 # -- what a run is, to be compared ------------------------------------------------------
@@ -270,7 +257,7 @@ def identity(run: Run) -> dict[str, Any]:
     ``__main__`` when run, ``__mp_main__`` in a spawned process and its file's name
     when imported, and the weights' keys and shapes are checked anyway."""
     g = run.graph
-    trains = run.driver.trains if run.driver is not None else {}
+    trains = run.driver.trains
     return {"nodes": list(g.nodes()), "edges": [list(e) for e in g.edges()],
             "identities": {n: type(g.implementation(n)).__qualname__ for n in g.nodes()},
             "frozen": dict(g.frozen()),
@@ -319,8 +306,6 @@ def _listed(ids: list[str]) -> str:
 # -- keeping one ---------------------------------------------------------------------------
 def _far(run: Run) -> dict[str, str | None]:
     """Every trained node and its host (None: here)."""
-    if run.driver is None:
-        return {}
     hosts = run.graph.hosts()
     return {n: hosts.get(n) for n in run.driver.trains}
 
@@ -588,7 +573,7 @@ def _restored(run: Run, parts: dict[str, Any], far: Mapping[str, Any], check: bo
         if others and not check:
             warnings.warn(
                 f"the trainer of {n!r} on host {run.graph.hosts().get(n)!r} is shared "
-                f"(shared={run.driver.trains[n].shared!r}) and other clients' sessions train "
+                f"(shared={run.driver.trains[n].seat.shared!r}) and other clients' sessions train "
                 f"it there now ({', '.join(others)}); its weights and optimizer belong to them "
                 "too, so the resume left them as they are and took only this client's own "
                 "part (its open group, where it stands). A shared trainer is restored from a "

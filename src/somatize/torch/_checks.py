@@ -53,9 +53,9 @@ def check_trains(graph: Graph, trains: Any, optimizer: Any,
             raise DeclarationError(
                 f"node {node_id!r} ({type(impl).__qualname__}) is trained but does not say "
                 "what its parameters are; give it a parameters() method answering its tensors")
-        if learning.shared is not None and node_id not in graph.hosts():
+        if learning.seat.shared is not None and node_id not in graph.hosts():
             warnings.warn(
-                f"node {node_id!r} is trained shared={learning.shared!r} and runs here, where "
+                f"node {node_id!r} is trained shared={learning.seat.shared!r} and runs here, where "
                 "no other client can reach it: it is trained by this Trainer alone. Put it on "
                 "a worker (.at(host)) for clients to share it there", stacklevel=3)
         twice = [p for p in held(impl, node_id) if id(p) in holds]

@@ -7,7 +7,7 @@ the Trainer's session, ``evaluating``, which puts the session's modules in eval 
 turns off ``requires_grad`` on their parameters (``torch.no_grad`` is a state of the
 thread that runs a slice, which a verb does not reach, and a parameter's own flag is
 what makes a forward build a graph at all), tells its trainers to hold nothing while it
-lasts (``Learning.evaluating``), and answers each module's and parameter's own flag, so
+lasts (``Seat.evaluating``), and answers each module's and parameter's own flag, so
 that the verb that ends it puts every one back as it was (a batch norm the user keeps
 in eval mode inside a trained body stays so).
 """
@@ -39,7 +39,7 @@ def owned(nodes: Mapping[str, Any], grads: bool = True) -> dict[str, tuple[list[
     seen: set[int] = set()
     found: dict[str, tuple[list[Any], list[Any]]] = {}
     for node_id, impl in nodes.items():
-        target = impl.node if isinstance(impl, Learning) else impl
+        target = impl.seat.node if isinstance(impl, Learning) else impl
         if target is None:
             continue
         modules = [m for top in modules_of(target) for m in top.modules()]
@@ -72,7 +72,7 @@ def put_in_eval(nodes: Mapping[str, Any], holding: Any = None) -> dict[str, list
             parameter.requires_grad_(False)
     for impl in nodes.values():
         if isinstance(impl, Learning):
-            impl.evaluating(True)
+            impl.seat.evaluating(True)
     return flags
 
 
@@ -82,7 +82,7 @@ def put_back(nodes: Mapping[str, Any], flags: Mapping[str, list[list[bool]]],
     ``flags`` kept them, each trainer training again."""
     for impl in nodes.values():
         if isinstance(impl, Learning):
-            impl.evaluating(False)
+            impl.seat.evaluating(False)
     for node_id, (modules, parameters) in (owned(nodes) if holding is None else holding).items():
         modes, grads = flags.get(node_id, ((), ()))
         if len(modules) != len(modes) or len(parameters) != len(grads):
@@ -112,8 +112,9 @@ def _alone(nodes: Mapping[str, Any]) -> None:
     their steps would run through it in eval mode, without gradients, between this
     client's requests. Nothing has changed when it refuses."""
     for node_id, impl in nodes.items():
-        group = impl.group if isinstance(impl, Learning) else None
-        others = [] if group is None else [m for m in group.members.values() if m is not impl]
+        group = impl.seat.group if isinstance(impl, Learning) else None
+        others = [] if group is None else [m for m in group.members.values()
+                                           if m is not impl.seat]
         if others:
             raise DeclarationError(
                 f"node {made_from(node_id)!r} is trained shared={group.key!r} by "

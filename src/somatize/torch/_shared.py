@@ -56,12 +56,12 @@ class Shared:
         self.key, self.node_id, self.lock = key, node_id, lock
         self.patience = patience
         self.node = first.node
-        self.technique = type(first)
+        self.technique = type(first.learning)
         self.factory = first.factory
         self.every = first.cadence()
-        self.shapes = _shapes(first.training())
+        self.shapes = _shapes(first.learning.training())
         self.made = _made(first.node)
-        self.members: dict[str, Any] = {}  # session label -> its Learning
+        self.members: dict[str, Any] = {}  # session label -> its trainer's Seat
         self.waiting: collections.deque[tuple[str, list[Any]]] = collections.deque()
         self.order: collections.deque[tuple[str, str]] = collections.deque(maxlen=LOGGED)
         self.logged = 0  # events ever logged, the ones dropped from ``order`` included
@@ -69,32 +69,32 @@ class Shared:
         self.used = time.monotonic()
 
     # -- who trains it ------------------------------------------------------------------
-    def admit(self, learning: Any, node_id: str) -> None:
+    def admit(self, seat: Any, node_id: str) -> None:
         """Refuses a trainer that would not train this one as it is trained: another
         technique, optimizer or update cadence (the Trainer's steps per update, however
         each step is cut into pieces), or another node: its class, what it was built
         with, its parameters' shapes and dtypes. Both are named; nothing changes then."""
-        theirs = (type(learning), _factory_text(learning.factory),
-                  learning.cadence(), _shapes(learning.training()))
+        theirs = (type(seat.learning), _factory_text(seat.factory),
+                  seat.cadence(), _shapes(seat.learning.training()))
         ours = (self.technique, _factory_text(self.factory), self.every, self.shapes)
         if theirs[1:] != ours[1:] or theirs[0].__qualname__ != ours[0].__qualname__:
             raise DeclarationError(
                 f"shared={self.key!r} on this host is node {self.node_id!r} trained by "
                 f"{_described(self.technique, self.factory, self.every, self.shapes)}, and "
                 f"node {node_id!r} of the joining client is trained by "
-                f"{_described(theirs[0], learning.factory, theirs[2], theirs[3])}; clients "
+                f"{_described(theirs[0], seat.factory, theirs[2], theirs[3])}; clients "
                 "train one shared trainer only alike: declare the same node and the same "
                 "Learning, or name another key in shared=")
-        if _made(learning.node) != self.made:
+        if _made(seat.node) != self.made:
             raise DeclarationError(
                 f"shared={self.key!r} on this host is node {self.node_id!r}, "
                 f"{_built(self.node)}, and node {node_id!r} of the joining client is "
-                f"{_built(learning.node)}: a shared trainer computes one function, so a client "
+                f"{_built(seat.node)}: a shared trainer computes one function, so a client "
                 "joins it only with the same node built the same way; declare it alike, or "
                 "name another key in shared=")
 
-    def join(self, label: str, learning: Any) -> None:
-        self.members[label] = learning
+    def join(self, label: str, seat: Any) -> None:
+        self.members[label] = seat
         self.used = time.monotonic()
 
     def leave(self, label: str) -> None:
@@ -128,10 +128,10 @@ class Shared:
         """What the trainer of session ``label`` holds as its optimizer."""
         return Turn(self, label)
 
-    def enters(self, label: str, learning: Any) -> None:
+    def enters(self, label: str, seat: Any) -> None:
         """Before a forward of ``label``'s: a new step of its (nothing of it in flight)
         waits while updates do, so they go before its forward reads the weights."""
-        if learning.in_flight() or not self.waiting:
+        if seat.in_flight() or not self.waiting:
             return
         if not self.lock.wait_for(lambda: not self.waiting, timeout=self.patience):
             self._stalled(label)
@@ -223,12 +223,12 @@ def order_verb(nodes: Mapping[str, Any], asked: Mapping[str, Any]) -> dict[str, 
     it, as ``[client, event]`` pairs (``forward``, ``gradient``, ``update``, or
     ``dropped``), with which client the asking one is; events past the last
     ``LOGGED`` are counted in ``logged``, not kept."""
-    learning = trainer_at(nodes, asked["node"])
-    group = learning.group
+    seat = trainer_at(nodes, asked["node"]).seat
+    group = seat.group
     if group is None:
         raise DeclarationError("this trainer is not shared (Split(..., shared=key) shares one), "
                                "so there is no order of clients to tell")
-    return {"you": learning.label, "key": group.key, "logged": group.logged,
+    return {"you": seat.label, "key": group.key, "logged": group.logged,
             "order": [list(event) for event in group.order]}
 
 

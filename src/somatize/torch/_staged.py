@@ -16,6 +16,9 @@ into stages by the core's ``stages`` (on host and trained). Then one step is:
   gradients for; what a stage's inputs received is owed to the stage that made them.
 - ``update`` across a cut is a closing empty envelope, walked back the same way.
 
+It answers the calls of the Trainer's driver (``_one_piece`` lists them); a trainer's
+``OutOfStep`` that crossed a worker as a node's failure is raised as itself again.
+
 A stage sent to a worker and trained by nobody gets nothing back: its parameters are
 there, not here, and nobody asked for them to learn.
 """
@@ -29,7 +32,7 @@ from typing import Any
 import torch
 
 from .._engine import Pass, Walk, compiled
-from .._errors import CacheError, DeclarationError
+from .._errors import CacheError, DeclarationError, NodeError, OutOfStep
 from .._graph import DECLARATIONS, Graph, GraphData, assembled, generated
 from .._node import Opaque
 from .._plan import stages
@@ -39,9 +42,10 @@ from .._verbs import VERBS
 from ._audit import Audit
 from ._checks import outside_somatize
 from ._learning import HEALTH, Learning, envelope, gradient, narrowed, overflowed, widened
+from ._pipeline import pipelined
 from ._tensors import device_of, gradients_of, leafed, paired, summed
 
-__all__ = ["StagedDriver", "rewired"]
+__all__ = ["StagedDriver", "out_of_step", "rewired"]
 
 IN, COMPUTES = "in", "computes"
 
@@ -134,16 +138,16 @@ class Stage:
         self.takers: dict[str, str] = {}  # the first trainer here that takes it, to name
         for p in self.outside:
             takers = [s for s in succs[p] if s in inside]
-            kinds = {trains[n].compress for n in self.trainers if enters[n] in takers}
+            kinds = {trains[n].seat.compress for n in self.trainers if enters[n] in takers}
             if len(kinds) == 1 and len(takers) == sum(enters[n] in takers for n in self.trainers):
                 self.narrowing[p] = kinds.pop()
                 self.takers[p] = next(n for n in self.trainers if enters[n] in takers)
         self.narrows = [self.narrowing.get(p) for p in self.outside]  # in the given order
-        self.compress = [trains[n].compress for n in self.back_given]
+        self.compress = [trains[n].seat.compress for n in self.back_given]
         # whether what this stage answers may come narrowed (a trainer here compresses)
-        self.widens = any(trains[n].compress is not None for n in self.trainers)
+        self.widens = any(trains[n].seat.compress is not None for n in self.trainers)
         for n in self.trainers:  # what a trainer makes crosses when nobody here takes it
-            trains[n].crossing(out=not any(s in inside for s in succs[n]))
+            trains[n].seat.crossing(out=not any(s in inside for s in succs[n]))
         trained = set(self.trained)
         self.untrained_here = [n for n in self.wanted
                                if n not in trained and n not in private.hosts]
@@ -151,6 +155,8 @@ class Stage:
 
 class StagedDriver:
     """Drives one Trainer's graph stage by stage; see the module's docstring."""
+
+    privacy: Any = None  # what protects and measures what crosses (``_privacy``)
 
     def __init__(self, graph: Graph, trains: Mapping[str, Learning], *, broker: Any,
                  store: Any, steps_per_update: int, micro: int = 1):
@@ -185,7 +191,6 @@ class StagedDriver:
         self._passed: Any = None
         self._compiled: tuple[Any, list[tuple[Walk, Back | None]]] = (None, [])
         self.health: list[dict[str, Any]] = []  # what trainers on workers measured
-        self.privacy: Any = None  # what protects and measures what crosses (``_privacy``)
 
     def _session(self) -> Any:
         """A session of this driver's own on the workers, which keeps state: its
@@ -193,7 +198,7 @@ class StagedDriver:
         them is said (``StateLost``) rather than made good from the first copy."""
         backend = self._backend
         opens = getattr(backend, "session", None)
-        shares = any(learning.shared is not None for learning in self.trains.values())
+        shares = any(learning.seat.shared is not None for learning in self.trains.values())
         return opens(keeps=True, shares=shares) if callable(opens) else backend
 
     def renew(self) -> None:
@@ -258,8 +263,25 @@ class StagedDriver:
         """Runs every stage in order, as pieces of the forward ``one``; answers the
         graph's output, made of fresh leaves so the objective's backward stops at the
         seam."""
-        self._passed, output = finish(self.forwarding(x, one))
+        with out_of_step():
+            self._passed, output = finish(self.forwarding(x, one))
         return output
+
+    def predict(self, x: Any, one: Pass) -> Any:
+        """The graph's output for ``x``, as ``forward`` runs it, leaving no pass to walk
+        back. The defences guard what training sends; a prediction is the model's own
+        answer, and drawing their noise here would move the steps that follow."""
+        privacy, self.privacy = self.privacy, None
+        try:
+            with one, out_of_step():
+                return finish(self.forwarding(x, one))[1]
+        finally:
+            self.privacy = privacy
+
+    def pipelined(self, pieces: list[tuple[Any, Any, float]], loss_of: Any, seed: Any) -> list[Any]:
+        """One step's pieces overlapped (``_pipeline``); answers their losses in order."""
+        with out_of_step():
+            return pipelined(self, pieces, loss_of, seed)
 
     def forwarding(self, x: Any, one: Pass, pipe: Any = None):
         """``forward`` as a generator: with a ``pipe`` (``_pipeline.Counts``) it yields
@@ -316,7 +338,8 @@ class StagedDriver:
         if self._passed is None:
             raise DeclarationError("a backward without a forward: step() runs them in pairs")
         passed, self._passed = self._passed, None
-        finish(self.backwarding(passed, one))
+        with out_of_step():
+            finish(self.backwarding(passed, one))
 
     def backwarding(self, passed: Any, one: Pass, pipe: Any = None):
         """``backward`` of one forward's pass as a generator, which yields (with a
@@ -365,12 +388,21 @@ class StagedDriver:
             for producer, leaf in leaves.items():
                 _add(owed, producer, gradients_of(leaf))
 
-    def close(self, one: Pass) -> None:
+    def update(self, one: Pass) -> None:
         """Ends every trainer's open group: a closing, empty envelope walked back."""
-        for stage, (_, back) in zip(reversed(self.stages), reversed(self._walks())):
-            if back is not None:
-                back.run(one, {n: envelope(None, closing=True) for n in stage.back_given},
-                         self.broker)
+        with out_of_step():
+            for stage, (_, back) in zip(reversed(self.stages), reversed(self._walks())):
+                if back is not None:
+                    back.run(one, {n: envelope(None, closing=True) for n in stage.back_given},
+                             self.broker)
+
+    def data(self) -> Any:
+        """The data form that runs: the rewired graph's."""
+        return self.private.data()
+
+    def asking(self) -> Any:
+        """How a verb is asked of this driver's session on a host (``control``)."""
+        return self.control
 
     def weights(self, node: str) -> dict[str, Any]:
         """The weights of a trained node as they are where it runs, asked of its trainer."""
@@ -416,7 +448,7 @@ class StagedDriver:
         Nor where an output made before the last worker's stage keeps its graph: the
         loss's own backward would reach that stage before the worker's gradients did,
         for every piece first, and its gradients would be added in another order."""
-        if any(learning.steps_per_update() % pieces for learning in self.trains.values()):
+        if any(learning.seat.steps_per_update() % pieces for learning in self.trains.values()):
             return False
         hosts = self.private.hosts()
         away = [k for k, stage in enumerate(self.stages) if any(n in hosts for n in stage.nodes)]
@@ -465,7 +497,7 @@ class StagedDriver:
         hosts = self.private.hosts()
         for node, learning in self.trains.items():
             if node in hosts:
-                learning.audited(Audit(every=audit.every, snapshot=audit.snapshot,
+                learning.seat.audited(Audit(every=audit.every, snapshot=audit.snapshot,
                                        channels=audit.channels, window=audit.window),
                                  node, pieces)
 
@@ -474,6 +506,20 @@ class StagedDriver:
 _CROSSINGS = {"given": "the activation given to", "made": "the output of",
               "handed": "the gradient handed to", "answered": "the gradient answered by"}
 _NOTHING: dict[str, Any] = {}  # what a stage handed nothing was handed (read, never written)
+
+
+class out_of_step:
+    """Turns a trainer's OutOfStep that crossed as a node's failure back into itself."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, error: Any, trace: Any) -> bool:
+        if isinstance(error, NodeError) and (error.kind == "OutOfStep"
+                                             or isinstance(error.__cause__, OutOfStep)):
+            where = f" on host {error.host!r}" if error.host else ""
+            raise OutOfStep(f"{error}{where}") from error
+        return False
 
 
 def _fresh(value: Any) -> Any:

@@ -1,8 +1,9 @@
 """The Trainer: a graph trained from outside, and the Result a run leaves.
 
-One step is a handful of movements, each a method, so that a driver for a graph cut
-into stages (a node trained where it runs, on another machine) can replace the two
-that change — the forward and the backward — and keep the rest::
+One step is a handful of movements, each a method; the two that change where a graph
+is cut into stages (a node trained where it runs, on another machine) — the forward
+and the backward — are its driver's, chosen once when the Trainer is built: the graph
+in one piece (``_one_piece``) or stage by stage (``_staged``)::
 
     _open      a group begins: the optimizer's gradients are cleared
     _forward   the graph runs on one piece of the batch
@@ -25,18 +26,12 @@ from typing import Any
 import torch
 
 from .._engine import Pass
-from .._errors import (
-    DeclarationError,
-    NodeError,
-    NoGradient,
-    OutOfStep,
-    whole_number,
-)
+from .._errors import DeclarationError, NoGradient, whole_number
 from .._graph import Graph, describe
 from .._node import Opaque
 from .._remember import open_store
 from ..store._store import check_name
-from .._slices import finish, runner_of
+from .._slices import runner_of
 from ._architecture import architecture
 from ._audit import audit_for
 from ._checks import (
@@ -51,7 +46,8 @@ from ._checks import (
 )
 from ._checkpoint import Run, keep, kept_by, seed_all, take_up
 from ._predicting import averaged, better, checked_metrics, evaluated, number, rows_of
-from ._pipeline import pipelined, worthwhile
+from ._one_piece import InOnePiece
+from ._pipeline import worthwhile
 from ._privacy import privacy_for
 from ._staged import StagedDriver
 from ._tensors import detached, tensors_in
@@ -145,11 +141,12 @@ class Trainer:
         privacy = privacy_for(protecting, audit, trains)
         freeze(graph)
         self._broker = broker
-        self._staged = None
-        if trains:  # driven in stages only when something is trained where it runs
-            self._staged = StagedDriver(graph, trains, broker=broker, store=store,
-                                  steps_per_update=self._every * self._micro, micro=self._micro)
-            self._told = self._staged.told(self._watching)
+        # The one place that asks how the graph is driven: in stages only when something
+        # is trained where it runs.
+        self._driver = (StagedDriver(graph, trains, broker=broker, store=store,
+                                     steps_per_update=self._every * self._micro, micro=self._micro)
+                        if trains else InOnePiece(graph, broker=broker, store=store))
+        self._told = self._driver.told(self._watching)
         _placed(broker, graph.hosts())  # after the stages' own refusals, which say more
         for node, host in graph.hosts().items():
             if node in trains:  # its object here keeps its first weights from now on
@@ -167,11 +164,10 @@ class Trainer:
         self._checked = False
         self._audit = audit
         self._privacy = privacy
-        if privacy is not None and self._staged is not None:
-            self._staged.privacy = privacy
-        if audit is not None and self._staged is not None:
-            self._staged.audited(audit, self._micro)
+        if privacy is not None:
+            self._driver.privacy = privacy
         if audit is not None:  # off again by close(), or when this Trainer is collected
+            self._driver.audited(audit, self._micro)
             audit.take(graph)
             self._unhook = weakref.finalize(self, audit.release)
 
@@ -199,9 +195,9 @@ class Trainer:
                 said["inside"] = {node: [[path, what] for path, what in parts]
                                   for node, parts in inside.items()}
             # A narrower type on a cut changes the arithmetic: the record says where.
-            compressed = {n: str(learning.compress).removeprefix("torch.")
-                          for n, learning in (self._staged.trains.items() if self._staged else ())
-                          if learning.compress is not None}
+            compressed = {n: str(learning.seat.compress).removeprefix("torch.")
+                          for n, learning in self._driver.trains.items()
+                          if learning.seat.compress is not None}
             if compressed:
                 said["compressed"] = compressed
             protected = {n: p.said() for n, p in (self._privacy.protecting.items()
@@ -210,14 +206,12 @@ class Trainer:
                 said["protected"] = protected
             self._emit(said)
         if self._audit is not None and self._audit.begin(self._graph):
-            if self._staged is not None:  # hooks back on after close(): look again
-                self._staged.changed()
+            self._driver.changed()  # hooks back on after close(): look again
         if self._taken == 0:
             self._open()
         losses = []
         if self._pipelines(len(pieces)):
-            with _out_of_step():
-                losses = pipelined(self._staged, pieces, self._loss, self._seed)
+            losses = self._driver.pipelined(pieces, self._loss, self._seed)
         else:
             for x, y, share in pieces:
                 if self._privacy is not None:  # what the gradient defence aims with
@@ -240,10 +234,9 @@ class Trainer:
             measured = self._audit.measuring
             for fact in self._audit.observed(self._graph, updated=self._taken == 0):
                 self._emit(fact)
-            if self._staged is not None:  # what trainers on workers measured, with the host
-                for fact in self._staged.health:
-                    self._emit(fact)
-                self._staged.health.clear()
+            for fact in self._driver.health:  # what trainers on workers measured, with the host
+                self._emit(fact)
+            self._driver.health.clear()
             if self._privacy is not None:  # what each trained cut was sent could tell
                 for fact in self._privacy.observed(self._steps, measured):
                     self._emit(fact)
@@ -258,9 +251,7 @@ class Trainer:
         """
         if self._taken == 0:
             return False
-        if self._staged is not None:
-            with _out_of_step():
-                self._staged.close(Pass(self._told, framed=False))
+        self._driver.update(Pass(self._told, framed=False))
         self._close()
         return True
 
@@ -403,49 +394,14 @@ class Trainer:
         """Eval mode over this Trainer's nodes, here and in its session on each worker:
         the driver's, or else the one its graph runs in on its broker. A node sent away
         is left alone here: its copy here is what a worker is provisioned from."""
-        if self._staged is not None:
-            data, ask = self._staged.private.data(), self._staged.control
-        else:
-            data, ask = self._graph.data(), self._graph_session_asks()
+        data, ask = self._driver.data(), self._driver.asking()
         here = {n: impl for n, impl in data.impls.items() if n not in data.hosts}
         return evaluated(here, list(dict.fromkeys(data.hosts.values())), ask)
 
-    def _graph_session_asks(self) -> Any:
-        """How a verb is asked of the session the graph itself runs in on its hosts
-        (a Trainer that trains nothing where it runs); None where it has no host."""
-        data = self._graph.data()
-        if not data.hosts:
-            return None
-        runner = runner_of(self._broker)
-        opens = getattr(runner, "session_of", None)
-        session = opens(data) if callable(opens) else runner
-        if not callable(getattr(session, "control", None)):
-            raise DeclarationError(
-                f"{type(runner).__qualname__} reaches host {next(iter(data.hosts.values()))!r} "
-                "and says no verb to it, so its nodes cannot be put in eval mode there; "
-                "run through a Broker or workers=")
-
-        def ask(host: str, verb: str, args: Any) -> Any:
-            session.prepare(data)
-            return session.control(host, verb, args)
-        return ask
-
     def _predicted(self, x: Any) -> Any:
         x = x if type(x) is Opaque else Opaque(x)
-        one = Pass()  # not a step: nobody is told, and no step's state is touched
-        if self._staged is None:
-            with one:
-                output = one.run(self._graph, x, store=self._store, broker=self._broker)
-        else:
-            # The defences guard what training sends; a prediction is the model's own
-            # answer, and drawing their noise here would move the steps that follow.
-            privacy, self._staged.privacy = self._staged.privacy, None
-            try:
-                with one, _out_of_step():
-                    _, output = finish(self._staged.forwarding(x, one))
-            finally:
-                self._staged.privacy = privacy
-        return detached(output)
+        # not a step: nobody is told, and no step's state is touched
+        return detached(self._driver.predict(x, Pass()))
 
     # -- a run kept, and taken up again -------------------------------------------------
     def checkpoint(self, store: Any, name: str) -> str:
@@ -485,7 +441,7 @@ class Trainer:
             self._privacy.seed(seed)
 
     def _run(self) -> Run:
-        return Run(self._graph, self._optimizer, self._staged,
+        return Run(self._graph, self._optimizer, self._driver,
                    {"steps": self._steps, "taken": self._taken, "every": self._every,
                     "micro": self._micro, "checked": self._checked, "best": self._best},
                    self._broker)
@@ -498,15 +454,11 @@ class Trainer:
     def _forward(self, x: Any) -> Any:
         x = x if type(x) is Opaque else Opaque(x)
         # The began fact says which step this forward belongs to, so a Recorder can
-        # write the record once, when the step's loss is in, rather than twice.
-        opening = {"step": self._steps + 1}
-        if self._staged is None:
-            with Pass(self._watching, opening=opening) as one:
-                return one.run(self._graph, x, store=self._store, broker=self._broker)
-        # One forward in the record, however many stages it takes.
-        one = self._pass = Pass(self._told, opening=opening)
-        with one, _out_of_step():
-            return self._staged.forward(x, one)
+        # write the record once, when the step's loss is in, rather than twice; one
+        # forward in the record, however many stages it takes.
+        one = self._pass = Pass(self._told, opening={"step": self._steps + 1})
+        with one:
+            return self._driver.forward(x, one)
 
     def _loss(self, output: Any, target: Any) -> torch.Tensor:
         if (isinstance(output, torch.Tensor) and isinstance(target, torch.Tensor)
@@ -521,9 +473,9 @@ class Trainer:
     def _pipelines(self, pieces: int) -> bool:
         """Whether this step's pieces overlap (``_pipeline``): only where nobody watches
         or audits, whose facts and measures come piece by piece."""
-        return (self._pipeline and self._staged is not None and not self._watchers
+        return (self._pipeline and not self._watchers
                 and self._audit is None and self._privacy is None
-                and worthwhile(self._staged, pieces))
+                and worthwhile(self._driver, pieces))
 
     def _seed(self, loss: torch.Tensor, share: float) -> None:
         # Written as the brief arithmetic says it, so micro=1, every=1 is exactly
@@ -536,9 +488,7 @@ class Trainer:
 
     def _backward(self, loss: torch.Tensor, share: float) -> None:
         self._seed(loss, share)
-        if self._staged is not None:
-            with _out_of_step():
-                self._staged.backward(self._pass)
+        self._driver.backward(self._pass)
 
     def _close(self) -> None:
         if not self._checked:
@@ -566,8 +516,7 @@ class Trainer:
         ``StateLost``."""
         if self._audit is not None:
             self._audit.release()
-        if self._staged is not None:
-            self._staged.release()
+        self._driver.release()
 
     # -- what a run leaves --------------------------------------------------------------
     def export(self) -> Weights:
@@ -578,7 +527,7 @@ class Trainer:
         through its trainer, so what comes back is what was trained."""
         weights = snapshot(self._graph)
         for node in self._trained_far():
-            weights[node] = self._staged.weights(node)
+            weights[node] = self._driver.weights(node)
         return weights
 
     def load(self, weights: Mapping[str, Mapping[str, Any]]) -> None:
@@ -600,10 +549,10 @@ class Trainer:
         there = {n: w for n, w in weights.items() if n in far}
         plan = checked_weights(self._graph, here)
         for node in there:  # asked to check only: nothing moves until everybody agreed
-            self._staged.load(node, there[node], check_only=True)
+            self._driver.load(node, there[node], check_only=True)
         copy_weights(plan)
         for node in there:
-            self._staged.load(node, there[node], check_only=False)
+            self._driver.load(node, there[node], check_only=False)
         frozen = [n for n in here if n in self._graph.frozen()]
         if frozen:
             freeze(self._graph, *frozen)
@@ -620,14 +569,12 @@ class Trainer:
             raise DeclarationError(
                 f"node {node!r} is not trained on a worker by this Trainer (trained there: "
                 f"{sorted(far) or 'none'}); only a trainer on a worker can be shared")
-        return self._staged.ask(node, "shared_order", {"node": node})
+        return self._driver.ask(node, "shared_order", {"node": node})
 
     def _trained_far(self) -> dict[str, str]:
         """The nodes trained on a worker, and their hosts: their weights live there."""
-        if self._staged is None:
-            return {}
         hosts = self._graph.hosts()
-        return {n: hosts[n] for n in self._staged.trains if n in hosts}
+        return {n: hosts[n] for n in self._driver.trains if n in hosts}
 
 
 class _Judge:
@@ -790,17 +737,3 @@ def _has(module: str) -> bool:
     from importlib.util import find_spec
 
     return find_spec(module) is not None
-
-
-class _out_of_step:
-    """Turns a trainer's OutOfStep that crossed as a node's failure back into itself."""
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: Any, error: Any, trace: Any) -> bool:
-        if isinstance(error, NodeError) and (error.kind == "OutOfStep"
-                                             or isinstance(error.__cause__, OutOfStep)):
-            where = f" on host {error.host!r}" if error.host else ""
-            raise OutOfStep(f"{error}{where}") from error
-        return False

@@ -289,13 +289,21 @@ def _fits(node_id: str, key: str, mine: Any, theirs: Any) -> None:
 # -- what a session's trainers answer, where they run (its verbs) -----------------------
 def trainer_at(nodes: Mapping[str, Any], node: Any) -> Any:
     """The trainer standing under ``node``'s id among a session's nodes, or the
-    DeclarationError naming what stands there instead."""
+    DeclarationError naming what stands there instead. What a verb asks of it is its
+    seat's (``_seat.Seat``)."""
     found = nodes.get(node) if type(node) is str else None
-    if found is None or not callable(getattr(found, "answering", None)):
+    if found is None or _trained_by(found) is None:
         what = "nothing" if found is None else f"a {type(found).__qualname__}"
         raise DeclarationError(f"node {node!r} is not trained where it runs ({what} stands "
                                "there); only a trainer's node is asked this way")
     return found
+
+
+def _trained_by(impl: Any) -> Any:
+    """The seat of ``impl`` if it is a trainer (a Learning, known here by its seat),
+    else None."""
+    seat = getattr(impl, "seat", None)
+    return seat if callable(getattr(seat, "answering", None)) else None
 
 
 def weights_verb(nodes: Mapping[str, Any], asked: Mapping[str, Any]) -> dict[str, Any]:
@@ -303,7 +311,7 @@ def weights_verb(nodes: Mapping[str, Any], asked: Mapping[str, Any]) -> dict[str
     nothing that was handed out."""
     learning = trainer_at(nodes, asked["node"])
     return {k: v.detach().clone() if isinstance(v, torch.Tensor) else v
-            for k, v in weights_of(learning.node).items()}
+            for k, v in weights_of(learning.seat.node).items()}
 
 
 def load_verb(nodes: Mapping[str, Any], asked: Mapping[str, Any]) -> bool:
@@ -311,7 +319,7 @@ def load_verb(nodes: Mapping[str, Any], asked: Mapping[str, Any]) -> bool:
     unless ``check`` says this is only the check every machine passes before any of
     them copies."""
     learning = trainer_at(nodes, asked["node"])
-    plan = checked_node(learning.node, asked["node"], asked["weights"])
+    plan = checked_node(learning.seat.node, asked["node"], asked["weights"])
     if not asked["check"]:
         copy_weights([plan])
     return True
@@ -327,7 +335,8 @@ def mode_verb(nodes: Mapping[str, Any], asked: Mapping[str, Any]) -> list[str]:
     for node_id, impl in nodes.items():
         if wanted is not None and node_id not in wanted:
             continue
-        target = getattr(impl, "node", None) if callable(getattr(impl, "answering", None)) else impl
+        seat = _trained_by(impl)
+        target = impl if seat is None else seat.node
         modules = modules_of(target) if target is not None else []
         for module in modules:
             module.train(train and node_id not in frozen)
