@@ -263,16 +263,10 @@ class RayLink(Link):
                     self._back(host, self.worker.actor(host), exc.error)
                     self._send(sent)
                     continue
-                if kind == "need":  # Ray restarted it: a fresh actor holds no session
-                    there.declared = None
-                    if there.learnt:
-                        raise state_lost(host, self.worker.where(host), there,
-                                         head.get("gone") or "Ray started its actor afresh")
-                    if attempt == 0:
-                        self._send(sent)
-                        continue
-                    raise WireError(f"host {host!r}: its Ray actor keeps losing its catalog",
-                                    host=host)
+                if kind == "need":
+                    self._lost_catalog(host, there, head, attempt)
+                    self._send(sent)
+                    continue
                 there.live = True
                 took = (time.perf_counter_ns() - sent.began) // 1000
                 sent.outcome = outcome_of(host, nodes, kind, head, joined(back),
@@ -297,17 +291,23 @@ class RayLink(Link):
                 self._provide(host, actor, there)
                 ref = actor.control.remote(head, *outgoing(buffers))
             kind, said, back = self._call(host, ref, doing)
-            if kind == "need":  # Ray restarted it: a fresh actor holds no session
-                there.declared = None
-                if there.learnt:
-                    raise state_lost(host, self.worker.where(host), there,
-                                     said.get("gone") or "Ray started its actor afresh")
-                if attempt == 0:
-                    continue
-                raise WireError(f"host {host!r}: its Ray actor keeps losing its catalog",
-                                host=host)
+            if kind == "need":
+                self._lost_catalog(host, there, said, attempt)
+                continue
             return verb_answered(host, verb, kind, said, joined(back))
         raise AssertionError("unreachable")
+
+    def _lost_catalog(self, host: str, there: SessionThere, said: dict[str, Any],
+                      attempt: int) -> None:
+        """An actor answered "need": Ray restarted it, and a fresh actor holds no
+        session. Where the session's state was there it is lost; one that keeps nothing
+        may be sent once more (the caller does so), and a second "need" is an error."""
+        there.declared = None
+        if there.learnt:
+            raise state_lost(host, self.worker.where(host), there,
+                             said.get("gone") or "Ray started its actor afresh")
+        if attempt:
+            raise WireError(f"host {host!r}: its Ray actor keeps losing its catalog", host=host)
 
     def _provide(self, host: str, actor: Any, there: SessionThere) -> None:
         """Hands the actor the session's staged catalog, unless it holds it already."""
