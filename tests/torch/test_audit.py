@@ -23,12 +23,7 @@ from somatize.torch._audit import MEASURES, Audit
 APPROX = {"rel": 1e-5, "abs": 1e-7}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/torch/conftest.py
 
 
 def health(seen, step=None, where=None):

@@ -8,13 +8,7 @@ from trainnets import batches, graph
 
 from somatize.torch import Trainer, fedprox, parameters
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/torch/conftest.py
 
 
 def test_the_trainer_with_fedprox_is_the_hand_written_proximal_loop_bit_for_bit():

@@ -8,13 +8,7 @@ from trainnets import batches, facts, graph, weights
 from somatize import Graph, Node, Opaque
 from somatize.torch import NoGradient, Result, Trainer, architecture, freeze, parameters
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/torch/conftest.py
 
 
 def sgd(g, lr=0.05):
