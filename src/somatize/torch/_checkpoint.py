@@ -346,18 +346,12 @@ def gather(run: Run) -> dict[str, Any]:
             if run.counters["taken"]:
                 grads[n] = grads_of(node)
     randoms[HERE] = random_state()
-    privacy = _privacy(run)
+    privacy = run.driver.privacy  # the defences (``_privacy``): a noise generator of their own
     return {"identity": identity(run), "counters": dict(run.counters), "weights": weights,
             "grads": grads, "optimizer": optimizer_state(run.optimizer),
             "layout": layout(run.optimizer, _names_of(g)), "trainers": trainers,
             "random": randoms,
             "defences": None if privacy is None else privacy.random_state()}
-
-
-def _privacy(run: Run) -> Any:
-    """The protections of ``run``'s trained cuts (``_privacy``), whose noise generator
-    is its own, off every process's random state; None where there are none."""
-    return getattr(run.driver, "privacy", None)
 
 
 def written(store: Any, name: str, parts: dict[str, Any]) -> str:
@@ -523,7 +517,7 @@ def take_up(store: Any, name: str, run: Run) -> dict[str, Any]:
                       "the run that was kept", UserWarning, stacklevel=4)
     randoms = {h: s for h, s in parts["random"].items() if h in hosts}
     check_random(parts["random"][HERE], HERE)
-    privacy, defences = _privacy(run), parts.get("defences")
+    privacy, defences = run.driver.privacy, parts.get("defences")
     if privacy is not None and defences is not None:
         privacy.check_random(defences, f"the checkpoint {name!r} in {store.where}")
     elif privacy is not None and privacy.protecting:
