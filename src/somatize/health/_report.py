@@ -7,6 +7,7 @@ to the record's ``report`` as sections.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -35,14 +36,12 @@ def drawing(graph: Any = None, inside: Any = None) -> Callable[[Any, str], Secti
         if drawn is None:
             return None
         flags = overlay(diagnose(store, run)) or None
-        if inside is not None:
+        if inside is not None:  # the caller's: what is wrong with it is theirs to see
             return ("The graph", drawn.figure(overlay=flags, inside=inside))
-        recorded = layers(said, drawn.nodes())
-        if recorded is not None:
-            try:
-                return ("The graph", drawn.figure(overlay=flags, inside=recorded))
-            except (SomaError, TypeError, ValueError):  # a record may hold anything:
-                pass  # what it said of the layers is left out, and the graph drawn closed
+        # A record may hold anything: layers it says wrongly are left out, the graph
+        # drawn closed (as a run recorded before Trainers said them is).
+        with contextlib.suppress(SomaError, TypeError, ValueError):
+            return ("The graph", drawn.figure(overlay=flags, inside=layers(said, drawn.nodes())))
         return ("The graph", drawn.figure(overlay=flags))
     return drawn_section
 
