@@ -165,8 +165,8 @@ def distance_correlation(x: torch.Tensor, y: torch.Tensor, *,
     ``corrected=True`` is the bias-corrected one (Székely and Rizzo, 2014: the
     distances U-centred, which estimates the squared correlation without bias), given
     as its square root, clamped at 0, in the textbook's units; independent batches
-    read near 0 on average. Differentiable in both (the distances come through a
-    clamped square root, so two equal rows give no NaN)."""
+    read near 0 on average. Differentiable in both (two equal rows give a zero
+    gradient, not a NaN: see ``_distances``)."""
     if corrected:
         return corrected_squared(x, y).clamp_min(0).sqrt()
     a, b = _centred(x), _centred(y)
@@ -187,9 +187,12 @@ def corrected_squared(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def _distances(x: torch.Tensor) -> torch.Tensor:
+    """The rows' pairwise Euclidean distances, each from its own differences (not the
+    Gram matrix's, whose cancellation leaves equal rows a hair apart), without the
+    rows x rows x features tensor broadcasting would hold; cdist's backward gives equal
+    rows a zero gradient, not a NaN."""
     rows = x.reshape(x.shape[0], -1)
-    squared = (rows.unsqueeze(1) - rows.unsqueeze(0)).pow(2).sum(-1)
-    return squared.clamp_min(1e-18).sqrt() * (squared > 0)
+    return torch.cdist(rows, rows, compute_mode="donot_use_mm_for_euclid_dist")
 
 
 def _centred(x: torch.Tensor) -> torch.Tensor:
