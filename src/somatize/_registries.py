@@ -39,6 +39,12 @@ class Registry:
     users: bool = False
 
 
+#: Where each place a worker can be besides a socket is filled in, and the extra it
+#: needs: ``Worker.on_<name>`` imports the module by this name the first time it is
+#: asked for, so nobody has to import it first (the ``places`` registry's fillers).
+PLACES: dict[str, tuple[str, str]] = {"ray": ("somatize.ray", "ray"),
+                                      "in_process": ("somatize.wire.inprocess", "wire")}
+
 REGISTRIES: tuple[Registry, ...] = (
     Registry("codecs", "a codec's kind -> its type, dump and load",
              "somatize._codec", "_by_kind", "codec", ("somatize.torch._codec",), users=True),
@@ -58,18 +64,12 @@ REGISTRIES: tuple[Registry, ...] = (
              "somatize._verbs", "RANDOM", "draws", ("somatize.torch",)),
     Registry("places", "a name -> what answers Worker.on_<name>",
              "somatize.wire.declare", "_places", "provides",
-             ("somatize.ray", "somatize.wire.inprocess")),
+             tuple(module for module, _ in PLACES.values())),
     Registry("core sharing", "hooks told the threads left when a worker child starts",
              "somatize.wire.declare", "_sharing", "sharing_cores", ("somatize.torch",)),
     Registry("shared trainers", "what starts a trainer several clients share",
              "somatize.torch._seat", "_STARTS", "shared_by", ("somatize.torch",)),
 )
-
-#: Where each place a worker can be besides a socket is filled in, and the extra it
-#: needs: ``Worker.on_<name>`` imports the module by this name the first time it is
-#: asked for, so nobody has to import it first (the ``places`` registry's fillers).
-PLACES: dict[str, tuple[str, str]] = {"ray": ("somatize.ray", "ray"),
-                                      "in_process": ("somatize.wire.inprocess", "wire")}
 
 
 def registry(name: str) -> Registry:
