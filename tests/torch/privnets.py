@@ -5,7 +5,7 @@ import torch
 
 from somatize import Node, Opaque
 from somatize.torch import Split
-from somatize.torch._learning import widened
+from somatize.torch._envelope import widened
 
 
 class Dense(Node):

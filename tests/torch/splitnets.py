@@ -9,7 +9,7 @@ import torch
 
 from somatize import Node, Opaque
 from somatize.torch import Split
-from somatize.torch._learning import carries
+from somatize.torch._envelope import carries
 
 
 class Lin(Node):
@@ -112,7 +112,7 @@ class Forges(Lin):
     is not a floating one, as a hostile or mismatched peer would."""
 
     def forward(self, x, ctx):
-        from somatize.torch._learning import NARROWED
+        from somatize.torch._envelope import NARROWED
 
         return {NARROWED: [Opaque(super().forward(x, ctx).value), "int64"]}
 

@@ -10,7 +10,8 @@ import torch
 
 from somatize import Ctx, Node, Opaque
 from somatize.torch import Learning, OutOfStep, Split, envelope, gradient
-from somatize.torch._learning import Enters, carries
+from somatize.torch._envelope import carries
+from somatize.torch._learning import Enters
 
 
 class Lin(Node):

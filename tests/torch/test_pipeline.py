@@ -11,7 +11,8 @@ from splitnets import LOG, Dies, Lin, Logging
 from somatize import Broker, Graph, WireError, Worker
 from somatize.torch import Split, Trainer, parameters
 from somatize._node import Ctx
-from somatize.torch._learning import Enters, envelope
+from somatize.torch._envelope import envelope
+from somatize.torch._learning import Enters
 from somatize.wire.log import say
 from somatize.wire.server import Server
 

@@ -172,7 +172,7 @@ def test_fp16_overflow_where_the_worker_narrows_is_said_here_naming_node_and_hos
 
 
 def test_a_narrowed_tensor_naming_no_floating_type_is_refused_not_looked_up():
-    from somatize.torch._learning import NARROWED, widened
+    from somatize.torch._envelope import NARROWED, widened
     half = torch.ones(2, dtype=torch.bfloat16)
     assert widened({NARROWED: [half, "float32"]}).dtype == torch.float32
     for name in ("load", "int64", 3):

@@ -17,7 +17,7 @@ from somatize import Ctx, DeclarationError, Opaque
 from somatize._verbs import SEEDING, VERBS, verb
 from somatize.torch import Split, envelope
 from somatize.torch._checkpoint import VERBS as CHECKPOINT_VERBS
-from somatize.torch._learning import KEY
+from somatize.torch._envelope import KEY
 from somatize.torch._random import VERBS as RANDOM_VERBS
 from somatize.torch._shared import VERBS as SHARED_VERBS
 from somatize.torch._weights import VERBS as WEIGHTS_VERBS

@@ -40,7 +40,8 @@ from ._dp import ClientPrivacy, noise_for, privacy_spent
 from ._evaluate import evaluate
 from ._federated import gather
 from ._fedprox import fedprox
-from ._learning import Learning, Split, envelope, gradient
+from ._envelope import envelope, gradient
+from ._learning import Learning, Split
 from ._seat import shared_by as _shared_by
 from ._module import module
 from ._privacy import Protection, run_norm_leak

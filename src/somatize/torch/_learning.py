@@ -13,7 +13,7 @@ with which optimizer; what the library does around it — the activation ledger,
 group of steps one update makes, sharing, the audit, compression — is its ``seat``
 (``_seat.Seat``), made with it, so the class a technique subclasses stays small and
 a technique reads its step through a few methods of its own. What crosses its cut
-travels in the forms of ``_envelope`` (re-exported here).
+travels in the forms of ``_envelope``.
 
 Everything here is rebuilt on another machine by pickle, which never calls
 ``__init__``: what a rebuilt object reads before being told is a class attribute,
@@ -35,28 +35,11 @@ import torch
 
 from .._errors import OutOfStep, whole_number
 from .._node import Ctx, Node
-from ._envelope import (  # noqa: F401 (re-exported: what crosses a cut is named here too)
-    HEALTH,
-    KEY,
-    MOST_OWED,
-    NARROWED,
-    RESERVED,
-    behind,
-    carries,
-    closing,
-    envelope,
-    gradient,
-    is_envelope,
-    narrowed,
-    narrowing,
-    overflowed,
-    widened,
-)
-from ._seat import Seat, shared_by  # noqa: F401 (shared_by: registered by somatize.torch)
+from ._envelope import narrowing
+from ._seat import Seat
 from ._tensors import gradients_of, paired
 
-__all__ = ["Enters", "Learning", "Split", "carries", "envelope", "gradient",
-           "is_envelope", "narrowed", "narrowing", "overflowed", "widened"]
+__all__ = ["Enters", "Learning", "Split"]
 
 
 class Learning:

@@ -23,7 +23,7 @@ from typing import Any
 
 from .._engine import Pass
 from .._node import Opaque
-from ._learning import MOST_OWED
+from ._envelope import MOST_OWED
 
 __all__ = ["Counts", "pipelined", "worthwhile"]
 

@@ -41,7 +41,8 @@ from .._transpose import Back, backward
 from .._verbs import VERBS
 from ._audit import Audit
 from ._checks import outside_somatize
-from ._learning import HEALTH, Learning, envelope, gradient, narrowed, overflowed, widened
+from ._envelope import HEALTH, envelope, gradient, narrowed, overflowed, widened
+from ._learning import Learning
 from ._pipeline import pipelined
 from ._tensors import device_of, gradients_of, leafed, paired, summed
 
