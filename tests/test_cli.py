@@ -148,6 +148,29 @@ def test_main_is_callable_with_an_argv(store, capsys):
     assert "no run 'zzz'" in capsys.readouterr().err
 
 
+def test_what_the_collector_lets_go_of_meanwhile_is_not_said(store, capsys, monkeypatch):
+    """An unclosed socket of somebody else's, let go of while a command runs (as the
+    cyclic collector may do at any allocation), is no warning of the command's: its
+    ResourceWarning is not said, and somatize's own warnings still are."""
+    import socket
+    import warnings
+
+    from somatize import cli
+
+    listing = cli._runs
+
+    def beside_a_leak(reading):
+        socket.socket()  # let go of at once, open: Python warns that it was unclosed
+        warnings.warn("somatize says this one", UserWarning, stacklevel=1)
+        return listing(reading)
+
+    monkeypatch.setattr(cli, "_runs", beside_a_leak)
+    assert cli.main(["runs", str(store)]) == 0
+    err = capsys.readouterr().err
+    assert "unclosed" not in err
+    assert err.splitlines() == ["somatize runs: warning: somatize says this one"]
+
+
 def test_every_reading_command_reads_a_store_in_a_bucket(s3_endpoint, credentials, tmp_path):
     from s3server import make_bucket  # beside the fixtures, found as conftest.py finds them
 

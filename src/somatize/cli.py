@@ -124,7 +124,12 @@ _OWN = os.path.dirname(os.path.abspath(__file__))
 def _worth_saying(warning: warnings.WarningMessage) -> bool:
     """Whether a warning heard while a command ran is the user's business: somatize's
     own, and any other library's but for its deprecations (MLflow's about SQLAlchemy's
-    loaders), which are its maintainers' business and would read as ours here."""
+    loaders), which are its maintainers' business and would read as ours here. Never a
+    ResourceWarning, which Python itself keeps quiet unless asked: it says where the
+    collector happened to run when something unclosed was let go, which may be any
+    object of the process, so it tells whoever leaked it nothing and the user less."""
+    if issubclass(warning.category, ResourceWarning):
+        return False
     deprecation = issubclass(warning.category,
                              (DeprecationWarning, PendingDeprecationWarning, FutureWarning))
     return not deprecation or os.path.abspath(warning.filename).startswith(_OWN + os.sep)
